@@ -1,0 +1,16 @@
+// Interlace's public C++ API: create a Group, then call ops on framework-neutral TensorViews.
+//
+//   interlace::GroupOptions options;           // rank, world size, master from the launcher's env
+//   options.heap_bytes = 1 << 30;
+//   interlace::Group group(options);
+//   interlace::all_gather(group, out, inp, stream);
+//   ...
+//   cudaStreamSynchronize(stream);
+//   group.check();                              // raises if a peer never arrived
+#pragma once
+
+#include "interlace/api/tensor.h"
+#include "interlace/base/error.h"
+#include "interlace/ops/all_gather/launch.h"
+#include "interlace/ops/all_gather/plan.h"
+#include "interlace/runtime/group.h"

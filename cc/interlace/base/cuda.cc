@@ -1,0 +1,74 @@
+#include "interlace/base/cuda.h"
+
+#include <mutex>
+#include <string>
+
+namespace interlace {
+namespace detail {
+
+void raise_cuda(const char* file, int line, const char* expr, cudaError_t err) {
+  raise(file, line, concat(expr, " failed: ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
+}
+
+void raise_cu(const char* file, int line, const char* expr, CUresult err) {
+  const char* text = "unknown driver error";
+  if (driver().cuGetErrorString) driver().cuGetErrorString(err, &text);
+  raise(file, line, concat(expr, " failed: CUresult ", static_cast<int>(err), " (", text, ")"));
+}
+
+}  // namespace detail
+
+int require_gpus() {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver || count == 0) {
+    cudaGetLastError();
+    IL_FAIL("no CUDA GPU is present on this machine (", cudaGetErrorString(err),
+            "); interlace's groups and ops need NVIDIA GPUs");
+  }
+  IL_CUDA_CHECK(err);
+  return count;
+}
+
+namespace {
+
+template <typename Fn>
+void resolve(const char* name, Fn& fn) {
+  void* ptr = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  cudaError_t err = cudaGetDriverEntryPointByVersion(name, &ptr, 12000, cudaEnableDefault, &found);
+  IL_CHECK(err == cudaSuccess && found == cudaDriverEntryPointSuccess && ptr != nullptr,
+           "CUDA driver function ", name, " is unavailable (", cudaGetErrorString(err),
+           "): is an NVIDIA driver (libcuda.so.1, CUDA 12 or newer) installed?");
+  fn = reinterpret_cast<Fn>(ptr);
+}
+
+}  // namespace
+
+const DriverApi& driver() {
+  static DriverApi api{};
+  static std::once_flag once;
+  static std::string failure;
+  std::call_once(once, [] {
+    try {
+      require_gpus();
+      resolve("cuGetErrorString", api.cuGetErrorString);
+      resolve("cuMemCreate", api.cuMemCreate);
+      resolve("cuMemRelease", api.cuMemRelease);
+      resolve("cuMemExportToShareableHandle", api.cuMemExportToShareableHandle);
+      resolve("cuMemImportFromShareableHandle", api.cuMemImportFromShareableHandle);
+      resolve("cuMemAddressReserve", api.cuMemAddressReserve);
+      resolve("cuMemAddressFree", api.cuMemAddressFree);
+      resolve("cuMemMap", api.cuMemMap);
+      resolve("cuMemUnmap", api.cuMemUnmap);
+      resolve("cuMemSetAccess", api.cuMemSetAccess);
+      resolve("cuMemGetAllocationGranularity", api.cuMemGetAllocationGranularity);
+    } catch (const Error& e) {
+      failure = e.what();
+    }
+  });
+  if (!failure.empty()) throw Error(failure);
+  return api;
+}
+
+}  // namespace interlace

@@ -1,0 +1,52 @@
+// CUDA runtime and driver access that works on machines without a GPU.
+//
+// cudart is linked statically and loads libcuda.so.1 only when first used, so importing the
+// library needs no driver. Driver functions (the cuMem* VMM calls) are resolved at run time through
+// cudaGetDriverEntryPointByVersion; a missing driver or GPU becomes a clear interlace::Error.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include "interlace/base/error.h"
+
+namespace interlace {
+
+// Driver entry points the runtime uses, resolved once.
+struct DriverApi {
+  decltype(&::cuMemCreate) cuMemCreate;
+  decltype(&::cuMemRelease) cuMemRelease;
+  decltype(&::cuMemExportToShareableHandle) cuMemExportToShareableHandle;
+  decltype(&::cuMemImportFromShareableHandle) cuMemImportFromShareableHandle;
+  decltype(&::cuMemAddressReserve) cuMemAddressReserve;
+  decltype(&::cuMemAddressFree) cuMemAddressFree;
+  decltype(&::cuMemMap) cuMemMap;
+  decltype(&::cuMemUnmap) cuMemUnmap;
+  decltype(&::cuMemSetAccess) cuMemSetAccess;
+  decltype(&::cuMemGetAllocationGranularity) cuMemGetAllocationGranularity;
+  decltype(&::cuGetErrorString) cuGetErrorString;
+};
+
+// Raises when there is no driver or no GPU, saying so.
+const DriverApi& driver();
+
+// Number of visible CUDA devices; raises "no CUDA GPU is present" when there are none.
+int require_gpus();
+
+namespace detail {
+[[noreturn]] void raise_cuda(const char* file, int line, const char* expr, cudaError_t err);
+[[noreturn]] void raise_cu(const char* file, int line, const char* expr, CUresult err);
+}  // namespace detail
+}  // namespace interlace
+
+#define IL_CUDA_CHECK(expr)                                                       \
+  do {                                                                            \
+    cudaError_t il_err_ = (expr);                                                 \
+    if (il_err_ != cudaSuccess) ::interlace::detail::raise_cuda(__FILE__, __LINE__, #expr, il_err_); \
+  } while (0)
+
+#define IL_CU_CHECK(expr)                                                         \
+  do {                                                                            \
+    CUresult il_res_ = (expr);                                                    \
+    if (il_res_ != CUDA_SUCCESS) ::interlace::detail::raise_cu(__FILE__, __LINE__, #expr, il_res_); \
+  } while (0)

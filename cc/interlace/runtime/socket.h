@@ -1,0 +1,57 @@
+// Blocking TCP and Unix-domain socket helpers in which every call has a deadline.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace interlace {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+inline Deadline deadline_after(double seconds) {
+  return Clock::now() + std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6));
+}
+
+// Owns a file descriptor.
+class Socket {
+ public:
+  Socket() = default;
+  explicit Socket(int fd) : fd_(fd) {}
+  Socket(Socket&& other) noexcept : fd_(other.release()) {}
+  Socket& operator=(Socket&& other) noexcept;
+  Socket(const Socket&) = delete;
+  Socket& operator=(const Socket&) = delete;
+  ~Socket() { close(); }
+
+  int fd() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() { int fd = fd_; fd_ = -1; return fd; }
+  void close();
+
+ private:
+  int fd_ = -1;
+};
+
+// Result of an I/O wait: the peer may close or the deadline may pass.
+enum class IoStatus { kOk, kClosed, kTimeout };
+
+Socket listen_tcp(int port);
+// Retries refused connections until the deadline; returns an invalid socket on timeout.
+Socket connect_tcp(const std::string& host, int port, Deadline deadline);
+// Waits for a connection on a listening socket; invalid socket on timeout.
+Socket accept_until(const Socket& listener, Deadline deadline);
+
+IoStatus send_all(const Socket& s, const void* data, size_t size, Deadline deadline);
+IoStatus recv_all(const Socket& s, void* data, size_t size, Deadline deadline);
+
+// Unix-domain sockets in the abstract namespace, for passing file descriptors between the
+// processes of one host (SCM_RIGHTS).
+Socket listen_unix(const std::string& name);
+Socket connect_unix(const std::string& name, Deadline deadline);
+void send_fd(const Socket& s, int fd_to_send);
+int recv_fd(const Socket& s, Deadline deadline);
+
+}  // namespace interlace

@@ -1,0 +1,203 @@
+#include "interlace/runtime/symmetric_heap.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <exception>
+#include <random>
+#include <thread>
+
+#include "interlace/base/cuda.h"
+#include "interlace/runtime/socket.h"
+
+namespace interlace {
+namespace {
+
+size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+constexpr double kHandleExchangeTimeoutS = 30.0;
+
+// Gives this rank's exported handle (a file descriptor) to every other process of the node and
+// returns theirs, indexed by local rank (-1 for self). File descriptors travel over abstract
+// Unix sockets (SCM_RIGHTS), named after a token that rank 0 draws for this heap.
+std::vector<int> exchange_fds(Bootstrap& bootstrap, const Topology& topo, int my_fd) {
+  std::string token;
+  {
+    std::random_device rd;
+    token = std::to_string(rd()) + std::to_string(rd()) + "-" + std::to_string(::getpid());
+  }
+  token = bootstrap.all_gather(token)[0];
+  auto name = [&](int global_rank) { return "interlace-" + token + "-" + std::to_string(global_rank); };
+
+  Socket listener = listen_unix(name(topo.rank));
+  bootstrap.barrier();  // every rank now listens
+  const Deadline deadline = deadline_after(kHandleExchangeTimeoutS);
+  std::exception_ptr server_error;
+  std::thread server([&] {
+    try {
+      for (int i = 0; i + 1 < topo.local_size(); ++i) {
+        Socket client = accept_until(listener, deadline);
+        IL_CHECK(client.valid(), "rank ", topo.rank, ": a local peer never came for its memory handle");
+        send_fd(client, my_fd);
+      }
+    } catch (...) {
+      server_error = std::current_exception();
+    }
+  });
+  std::vector<int> fds(topo.local_size(), -1);
+  std::exception_ptr client_error;
+  try {
+    for (int p = 0; p < topo.local_size(); ++p) {
+      if (p == topo.local_rank) continue;
+      Socket s = connect_unix(name(topo.local_ranks[p]), deadline);
+      fds[p] = recv_fd(s, deadline);
+    }
+  } catch (...) {
+    client_error = std::current_exception();
+  }
+  server.join();
+  if (client_error || server_error) {
+    for (int fd : fds) {
+      if (fd >= 0) ::close(fd);
+    }
+    std::rethrow_exception(client_error ? client_error : server_error);
+  }
+  bootstrap.barrier();  // nobody closes its listener before all are served
+  return fds;
+}
+
+}  // namespace
+
+SymmetricHeap::SymmetricHeap(Bootstrap& bootstrap, const Topology& topo, int device, size_t bytes)
+    : device_(device), local_rank_(topo.local_rank), usable_bytes_(bytes) {
+  // Same size everywhere, checked before any allocation.
+  auto sizes = bootstrap.all_gather(std::to_string(bytes));
+  for (int r = 0; r < topo.world_size; ++r) {
+    IL_CHECK(sizes[r] == sizes[topo.rank], "symmetric heap sizes differ across ranks: rank ", topo.rank, " asked for ",
+             bytes, " bytes, rank ", r, " for ", sizes[r], "; every rank must pass the same heap_bytes");
+  }
+  IL_CHECK(topo.local_size() <= kMaxLocalRanks, "at most ", kMaxLocalRanks, " ranks per node are supported, got ",
+           topo.local_size());
+  const DriverApi& cu = driver();
+  IL_CUDA_CHECK(cudaSetDevice(device));
+
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  size_t granularity = 0;
+  IL_CU_CHECK(cu.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+  data_offset_ = round_up(sizeof(SignalPad), kAlignment);
+  mapped_bytes_ = round_up(data_offset_ + bytes, granularity);
+  usable_bytes_ = mapped_bytes_ - data_offset_;
+
+  CUmemGenericAllocationHandle handle;
+  CUresult created = cu.cuMemCreate(&handle, mapped_bytes_, &prop, 0);
+  IL_CHECK(created == CUDA_SUCCESS, "rank ", topo.rank, ": cannot allocate a symmetric heap of ", mapped_bytes_,
+           " bytes on GPU ", device, " (CUresult ", static_cast<int>(created), "); pass a smaller heap_bytes");
+  handle_ = handle;
+
+  int my_fd = -1;
+  IL_CU_CHECK(cu.cuMemExportToShareableHandle(&my_fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  std::vector<int> fds;
+  try {
+    fds = exchange_fds(bootstrap, topo, my_fd);
+  } catch (...) {
+    ::close(my_fd);
+    cu.cuMemRelease(handle);
+    throw;
+  }
+  ::close(my_fd);
+
+  peer_handles_.assign(topo.local_size(), 0);
+  bases_.assign(topo.local_size(), nullptr);
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  for (int p = 0; p < topo.local_size(); ++p) {
+    CUmemGenericAllocationHandle h = handle;
+    if (p != topo.local_rank) {
+      IL_CU_CHECK(cu.cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(fds[p])),
+                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+      ::close(fds[p]);
+      peer_handles_[p] = h;
+    }
+    CUdeviceptr ptr = 0;
+    IL_CU_CHECK(cu.cuMemAddressReserve(&ptr, mapped_bytes_, granularity, 0, 0));
+    bases_[p] = reinterpret_cast<char*>(ptr);
+    IL_CU_CHECK(cu.cuMemMap(ptr, mapped_bytes_, 0, h, 0));
+    IL_CU_CHECK(cu.cuMemSetAccess(ptr, mapped_bytes_, &access, 1));
+  }
+
+  // Flags start at zero on every rank before any peer may write them.
+  IL_CUDA_CHECK(cudaMemset(bases_[local_rank_], 0, data_offset_));
+  IL_CUDA_CHECK(cudaDeviceSynchronize());
+  bootstrap.barrier();
+  free_[data_offset_] = usable_bytes_;
+}
+
+SymmetricHeap::~SymmetricHeap() {
+  const DriverApi& cu = driver();
+  cudaSetDevice(device_);
+  cudaDeviceSynchronize();
+  for (size_t p = 0; p < bases_.size(); ++p) {
+    if (!bases_[p]) continue;
+    auto ptr = reinterpret_cast<CUdeviceptr>(bases_[p]);
+    cu.cuMemUnmap(ptr, mapped_bytes_);
+    cu.cuMemAddressFree(ptr, mapped_bytes_);
+    if (peer_handles_[p]) cu.cuMemRelease(peer_handles_[p]);
+  }
+  if (handle_) cu.cuMemRelease(handle_);
+}
+
+size_t SymmetricHeap::allocate(size_t bytes, const char* what) {
+  const size_t need = round_up(bytes == 0 ? 1 : bytes, kAlignment);
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < need) continue;
+    size_t offset = it->first;
+    size_t rest = it->second - need;
+    free_.erase(it);
+    if (rest) free_[offset + need] = rest;
+    used_[offset] = need;
+    return offset;
+  }
+  IL_FAIL("the symmetric heap is too small for ", what, ": it needs ", need, " bytes, the largest free block has ",
+          largest_free_block(), " of ", usable_bytes_, "; create the group with a larger heap_bytes");
+}
+
+void SymmetricHeap::free(size_t offset) {
+  auto it = used_.find(offset);
+  IL_CHECK(it != used_.end(), "freeing an offset the symmetric heap did not hand out: ", offset);
+  size_t size = it->second;
+  used_.erase(it);
+  auto next = free_.lower_bound(offset);
+  if (next != free_.end() && offset + size == next->first) {
+    size += next->second;
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == offset) {
+      prev->second += size;
+      return;
+    }
+  }
+  free_[offset] = size;
+}
+
+long long SymmetricHeap::offset_of(const void* ptr, size_t bytes) const {
+  auto p = reinterpret_cast<uintptr_t>(ptr);
+  auto base = reinterpret_cast<uintptr_t>(local_base());
+  if (p < base + data_offset_ || p + bytes > base + mapped_bytes_) return -1;
+  return static_cast<long long>(p - base);
+}
+
+size_t SymmetricHeap::largest_free_block() const {
+  size_t best = 0;
+  for (const auto& [offset, size] : free_) best = std::max(best, size);
+  return best;
+}
+
+}  // namespace interlace

@@ -1,0 +1,69 @@
+"""Interlace: persistent CUDA kernels that fuse GPU communication with compute.
+
+    import interlace
+    group = interlace.init(heap_bytes=1 << 30)       # rank etc. from torchrun / mpirun / srun
+    x = torch.from_dlpack(group.empty((4096, 8192), "bfloat16"))
+    interlace.all_gather(out, x, group)              # on torch's current stream
+
+Ops take any DLPack tensor (PyTorch, CuPy, JAX inputs, or interlace's own) and a CUDA stream
+handle; with stream=None they use the current stream of the framework the tensors come from.
+After synchronizing, group.check() raises interlace.Error if a peer never arrived.
+"""
+from interlace import _frameworks
+from interlace._interlace import Bootstrap, Error, Group, gpu_count
+from interlace import _interlace as _C
+
+__all__ = ["Bootstrap", "Error", "Group", "all_gather", "gpu_count", "init"]
+__version__ = "0.1.0"
+
+
+def init(*, rank=None, world_size=None, master_addr=None, master_port=None, secret=None, device=None,
+         heap_bytes=1 << 30, timeout_s=10.0, bootstrap_timeout_s=60.0, node_name=None) -> Group:
+    """Joins the job's other processes and returns the Group (collective: every rank calls it).
+
+    Unset arguments come from the launcher's environment (torchrun, mpirun, srun; see DESIGN.md).
+    heap_bytes: size of this rank's symmetric heap (equal on every rank).
+    timeout_s: how long a GPU wait for a peer may last before the op fails.
+    device: the CUDA device; default is the launcher's local rank.
+    node_name: ranks with the same name share NVLink; default is the hostname.
+    """
+    return _C._init(
+        rank=-1 if rank is None else rank,
+        world_size=-1 if world_size is None else world_size,
+        master_addr=master_addr or "",
+        master_port=0 if master_port is None else master_port,
+        secret=secret or "",
+        device=-1 if device is None else device,
+        heap_bytes=heap_bytes,
+        timeout_s=timeout_s,
+        bootstrap_timeout_s=bootstrap_timeout_s,
+        node_name=node_name or "",
+    )
+
+
+def _group_empty(self, shape, dtype):
+    """A symmetric tensor: same offset in every rank's heap. Wrap it with torch.from_dlpack,
+    cupy.from_dlpack or jax.dlpack.from_dlpack (zero-copy). Collective: all ranks allocate alike."""
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    return self._empty(list(shape), _frameworks.dtype_name(dtype))
+
+
+def _group_peer(self, tensor, rank):
+    """A view of `tensor` (symmetric) as it lies in the heap of `rank`, which must share this node."""
+    return self._peer(tensor, rank)
+
+
+Group.empty = _group_empty
+Group.peer = _group_peer
+
+
+def all_gather(out, inp, group, *, stream=None, num_blocks=0):
+    """out = every rank's inp, concatenated in rank order (out is [world, *inp.shape] or
+    [world * inp.shape[0], *inp.shape[1:]]). A GPU-driven kernel over NVLink; stream-ordered and
+    CUDA-graph capturable. If inp is symmetric (group.empty), peers read it in place; otherwise it is
+    staged through the heap. Raises interlace.Error before any GPU work on bad arguments."""
+    if _frameworks.is_jax(out):
+        raise TypeError("JAX arrays are immutable: use interlace.jax.all_gather(x, group), which returns a new array")
+    if stream is None:
+        stream = _frameworks.current_stream(out, inp)
+    _C.all_gather(out, inp, group, stream=stream, num_blocks=num_blocks)

@@ -1,0 +1,230 @@
+// The nanobind binding: DLPack tensors in, interlace::Error out as interlace.Error. Everything
+// here converts and forwards; the C++ library does the checks and the work.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+
+#include "interlace/api/interlace.h"
+#include "interlace/base/cuda.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace interlace {
+namespace {
+
+template <typename... Config>
+TensorView view_of(const nb::ndarray<Config...>& a) {
+  TensorView v;
+  v.data = const_cast<void*>(static_cast<const void*>(a.data()));
+  v.device = DLDevice{static_cast<DLDeviceType>(a.device_type()), a.device_id()};
+  v.dtype = DLDataType{a.dtype().code, a.dtype().bits, a.dtype().lanes};
+  for (size_t i = 0; i < a.ndim(); ++i) {
+    v.shape.push_back(static_cast<int64_t>(a.shape(i)));
+    v.strides.push_back(a.stride(i));
+  }
+  return v;
+}
+
+nb::dlpack::dtype parse_dtype(const std::string& name) {
+  using nb::dlpack::dtype_code;
+  struct Named { const char* name; dtype_code code; uint8_t bits; };
+  static const Named known[] = {
+      {"float16", dtype_code::Float, 16},   {"bfloat16", dtype_code::Bfloat, 16}, {"float32", dtype_code::Float, 32},
+      {"float64", dtype_code::Float, 64},   {"int8", dtype_code::Int, 8},         {"int16", dtype_code::Int, 16},
+      {"int32", dtype_code::Int, 32},       {"int64", dtype_code::Int, 64},       {"uint8", dtype_code::UInt, 8},
+      {"uint16", dtype_code::UInt, 16},     {"uint32", dtype_code::UInt, 32},     {"uint64", dtype_code::UInt, 64},
+      {"bool", dtype_code::Bool, 8},
+  };
+  for (const auto& k : known) {
+    if (name == k.name) return nb::dlpack::dtype{static_cast<uint8_t>(k.code), k.bits, 1};
+  }
+  IL_FAIL("unknown dtype '", name, "'; use one of float16, bfloat16, float32, float64, int8..int64, uint8..uint64, bool");
+}
+
+// Keeps the group alive while a symmetric tensor is, and returns its memory to the heap after.
+struct SymmetricBlock {
+  std::shared_ptr<Group> group;
+  size_t offset;
+};
+
+nb::ndarray<> wrap(std::shared_ptr<Group> group, char* data, std::vector<size_t> shape, nb::dlpack::dtype dtype,
+                   std::optional<size_t> owned_offset) {
+  nb::capsule owner;
+  if (owned_offset) {
+    owner = nb::capsule(new SymmetricBlock{group, *owned_offset}, [](void* p) noexcept {
+      auto* block = static_cast<SymmetricBlock*>(p);
+      try {
+        block->group->free(block->offset);
+      } catch (...) {
+      }
+      delete block;
+    });
+  } else {
+    owner = nb::capsule(new std::shared_ptr<Group>(group),
+                        [](void* p) noexcept { delete static_cast<std::shared_ptr<Group>*>(p); });
+  }
+  return nb::ndarray<>(data, shape.size(), shape.data(), owner, nullptr, dtype, nb::device::cuda::value,
+                       group->device());
+}
+
+size_t nbytes_of(const std::vector<size_t>& shape, nb::dlpack::dtype dtype) {
+  size_t n = (dtype.bits + 7) / 8;
+  for (size_t d : shape) n *= d;
+  return n;
+}
+
+}  // namespace
+}  // namespace interlace
+
+NB_MODULE(_interlace, m) {
+  using namespace interlace;
+  m.doc() = "Interlace's native core: bootstrap, groups, symmetric heap and fused GPU ops.";
+  nb::exception<Error>(m, "Error", PyExc_RuntimeError);
+
+  m.def("gpu_count", [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return n;
+  }, "Number of CUDA GPUs this process sees (0 without a driver or GPU).");
+
+  nb::class_<Bootstrap>(m, "Bootstrap",
+                        "TCP rendezvous of a job's processes: all_gather of byte blobs and a barrier.")
+      .def("__init__",
+           [](Bootstrap* self, int rank, int world_size, std::string master_addr, int master_port,
+              std::string secret, double timeout_s) {
+             BootstrapOptions o;
+             o.rank = rank;
+             o.world_size = world_size;
+             o.master_addr = std::move(master_addr);
+             o.master_port = master_port;
+             o.secret = std::move(secret);
+             o.timeout_s = timeout_s;
+             nb::gil_scoped_release release;
+             new (self) Bootstrap(o);
+           },
+           nb::kw_only(), "rank"_a, "world_size"_a, "master_addr"_a, "master_port"_a, "secret"_a = "",
+           "timeout_s"_a = 60.0)
+      .def_prop_ro("rank", &Bootstrap::rank)
+      .def_prop_ro("world_size", &Bootstrap::world_size)
+      .def("all_gather",
+           [](Bootstrap& b, nb::bytes mine) {
+             std::string blob(mine.c_str(), mine.size());
+             std::vector<std::string> all;
+             {
+               nb::gil_scoped_release release;
+               all = b.all_gather(blob);
+             }
+             nb::list out;
+             for (auto& s : all) out.append(nb::bytes(s.data(), s.size()));
+             return out;
+           },
+           "mine"_a, "Every rank's blob, indexed by rank.")
+      .def("barrier", [](Bootstrap& b) {
+        nb::gil_scoped_release release;
+        b.barrier();
+      });
+
+  nb::class_<Group>(m, "Group", "The job's processes, one per GPU, and their symmetric heap. Create with interlace.init().")
+      .def_prop_ro("rank", &Group::rank)
+      .def_prop_ro("world_size", &Group::world_size)
+      .def_prop_ro("local_rank", [](const Group& g) { return g.topology().local_rank; })
+      .def_prop_ro("local_size", [](const Group& g) { return g.topology().local_size(); })
+      .def_prop_ro("node", [](const Group& g) { return g.topology().node; })
+      .def_prop_ro("num_nodes", [](const Group& g) { return g.topology().num_nodes; })
+      .def_prop_ro("device", &Group::device)
+      .def_prop_ro("heap_bytes", [](Group& g) { return g.heap().usable_bytes(); })
+      .def("check", &Group::check,
+           "Raises interlace.Error if a kernel of this group timed out waiting for a peer. Call after synchronizing.")
+      .def("barrier", [](Group& g) {
+        nb::gil_scoped_release release;
+        g.bootstrap().barrier();
+      }, "Host barrier over all ranks (no GPU work).")
+      .def("_empty",
+           [](std::shared_ptr<Group> g, std::vector<size_t> shape, const std::string& dtype) {
+             nb::dlpack::dtype dt = parse_dtype(dtype);
+             size_t offset;
+             {
+               nb::gil_scoped_release release;
+               offset = g->allocate(nbytes_of(shape, dt), "group.empty(" + dtype + ")");
+             }
+             return wrap(g, g->heap().local_base() + offset, shape, dt, offset);
+           },
+           "shape"_a, "dtype"_a)
+      .def("_peer",
+           [](std::shared_ptr<Group> g, nb::ndarray<nb::ro> t, int rank) {
+             TensorView v = view_of(t);
+             const Topology& topo = g->topology();
+             int local = -1;
+             for (int i = 0; i < topo.local_size(); ++i) {
+               if (topo.local_ranks[i] == rank) local = i;
+             }
+             IL_CHECK(local >= 0, "peer(): rank ", rank, " is not on this node, so its memory is not mapped here");
+             IL_CHECK(v.contiguous(), "peer(): the tensor must be contiguous");
+             long long offset = g->heap().offset_of(v.data, v.nbytes());
+             IL_CHECK(offset >= 0, "peer(): the tensor is not in the group's symmetric heap (allocate it with group.empty)");
+             std::vector<size_t> shape(v.shape.begin(), v.shape.end());
+             nb::dlpack::dtype dt{v.dtype.code, v.dtype.bits, static_cast<uint16_t>(v.dtype.lanes)};
+             return wrap(g, g->heap().base(local) + offset, shape, dt, std::nullopt);
+           },
+           "tensor"_a, "rank"_a);
+
+  m.def("_init",
+        [](int rank, int world_size, std::string master_addr, int master_port, std::string secret, int device,
+           size_t heap_bytes, double timeout_s, double bootstrap_timeout_s, std::string node_name) {
+          GroupOptions o;
+          o.bootstrap.rank = rank;
+          o.bootstrap.world_size = world_size;
+          o.bootstrap.master_addr = std::move(master_addr);
+          o.bootstrap.master_port = master_port;
+          o.bootstrap.secret = std::move(secret);
+          o.bootstrap.timeout_s = bootstrap_timeout_s;
+          o.device = device;
+          o.heap_bytes = heap_bytes;
+          o.timeout_s = timeout_s;
+          o.node_name = std::move(node_name);
+          nb::gil_scoped_release release;
+          return std::make_shared<Group>(o);
+        },
+        nb::kw_only(), "rank"_a, "world_size"_a, "master_addr"_a, "master_port"_a, "secret"_a, "device"_a,
+        "heap_bytes"_a, "timeout_s"_a, "bootstrap_timeout_s"_a, "node_name"_a);
+
+  m.def("all_gather",
+        [](nb::ndarray<> out, nb::ndarray<nb::ro> inp, Group& group, uintptr_t stream, int num_blocks) {
+          TensorView o = view_of(out), i = view_of(inp);
+          nb::gil_scoped_release release;
+          all_gather(group, o, i, reinterpret_cast<cudaStream_t>(stream), num_blocks);
+        },
+        "out"_a.noconvert(), "inp"_a.noconvert(), "group"_a, nb::kw_only(), "stream"_a, "num_blocks"_a = 0);
+
+  m.def("_device_empty",
+        [](std::vector<size_t> shape, const std::string& dtype, int device) {
+          nb::dlpack::dtype dt = parse_dtype(dtype);
+          void* data = nullptr;
+          IL_CUDA_CHECK(cudaSetDevice(device));
+          IL_CUDA_CHECK(cudaMalloc(&data, std::max<size_t>(nbytes_of(shape, dt), 1)));
+          nb::capsule owner(data, [](void* p) noexcept { cudaFree(p); });
+          return nb::ndarray<>(data, shape.size(), shape.data(), owner, nullptr, dt, nb::device::cuda::value, device);
+        },
+        "shape"_a, "dtype"_a, "device"_a, "A plain (not symmetric) device allocation, for outputs of the JAX adapter.");
+
+  m.def("_synchronize", [](uintptr_t stream) {
+    nb::gil_scoped_release release;
+    IL_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)));
+  }, "stream"_a);
+
+  m.def("_check_all_gather_args",
+        [](nb::ndarray<> out, nb::ndarray<nb::ro> inp, int world_size, int device) {
+          check_all_gather_args(view_of(out), view_of(inp), world_size, device);
+        },
+        "out"_a.noconvert(), "inp"_a.noconvert(), nb::kw_only(), "world_size"_a, "device"_a,
+        "The checks all_gather makes before any GPU work, without a group (for tests).");
+}
