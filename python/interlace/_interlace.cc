@@ -47,13 +47,16 @@ nb::dlpack::dtype parse_dtype(const std::string& name) {
   IL_FAIL("unknown dtype '", name, "'; use one of float16, bfloat16, float32, float64, int8..int64, uint8..uint64, bool");
 }
 
+// Tensors go back to Python as objects with __dlpack__ and __dlpack_device__ (nanobind's
+// array_api export), which torch, CuPy and JAX all wrap zero-copy, as often as needed.
+
 // Keeps the group alive while a symmetric tensor is, and returns its memory to the heap after.
 struct SymmetricBlock {
   std::shared_ptr<Group> group;
   size_t offset;
 };
 
-nb::ndarray<> wrap(std::shared_ptr<Group> group, char* data, std::vector<size_t> shape, nb::dlpack::dtype dtype,
+nb::ndarray<nb::array_api> wrap(std::shared_ptr<Group> group, char* data, std::vector<size_t> shape, nb::dlpack::dtype dtype,
                    std::optional<size_t> owned_offset) {
   nb::capsule owner;
   if (owned_offset) {
@@ -69,8 +72,8 @@ nb::ndarray<> wrap(std::shared_ptr<Group> group, char* data, std::vector<size_t>
     owner = nb::capsule(new std::shared_ptr<Group>(group),
                         [](void* p) noexcept { delete static_cast<std::shared_ptr<Group>*>(p); });
   }
-  return nb::ndarray<>(data, shape.size(), shape.data(), owner, nullptr, dtype, nb::device::cuda::value,
-                       group->device());
+  return nb::ndarray<nb::array_api>(data, shape.size(), shape.data(), owner, nullptr, dtype, nb::device::cuda::value,
+                                    group->device());
 }
 
 size_t nbytes_of(const std::vector<size_t>& shape, nb::dlpack::dtype dtype) {
@@ -212,7 +215,8 @@ NB_MODULE(_interlace, m) {
           IL_CUDA_CHECK(cudaSetDevice(device));
           IL_CUDA_CHECK(cudaMalloc(&data, std::max<size_t>(nbytes_of(shape, dt), 1)));
           nb::capsule owner(data, [](void* p) noexcept { cudaFree(p); });
-          return nb::ndarray<>(data, shape.size(), shape.data(), owner, nullptr, dt, nb::device::cuda::value, device);
+          return nb::ndarray<nb::array_api>(data, shape.size(), shape.data(), owner, nullptr, dt, nb::device::cuda::value,
+                                            device);
         },
         "shape"_a, "dtype"_a, "device"_a, "A plain (not symmetric) device allocation, for outputs of the JAX adapter.");
 

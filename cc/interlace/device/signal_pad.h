@@ -12,7 +12,7 @@ namespace interlace {
 // Ranks that share an NVLink domain (a node, or an NVL72 rack). Flags are indexed by local rank.
 constexpr int kMaxLocalRanks = 72;
 // CTAs one op may use; flags are kept per CTA so that CTAs never wait on each other.
-constexpr int kMaxBlocks = 256;
+constexpr int kMaxBlocks = 512;
 
 enum class OpId : int32_t { kNone = 0, kAllGather = 1 };
 enum class FlagId : int32_t { kNone = 0, kReady = 1, kDone = 2 };

@@ -35,7 +35,12 @@ BootstrapOptions resolve_bootstrap_options(BootstrapOptions given, const Getenv&
   if (given.rank < 0) given.rank = first_int(getenv, {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"});
   if (given.world_size < 0) given.world_size = first_int(getenv, {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"});
   if (given.master_addr.empty()) given.master_addr = first_string(getenv, {"MASTER_ADDR"});
-  if (given.master_port <= 0) given.master_port = first_int(getenv, {"MASTER_PORT"});
+  if (given.master_port <= 0) given.master_port = first_int(getenv, {"INTERLACE_MASTER_PORT"});
+  if (given.master_port <= 0) {
+    // torch.distributed's store already listens on MASTER_PORT; take the port after it.
+    int torch_port = first_int(getenv, {"MASTER_PORT"});
+    if (torch_port > 0) given.master_port = torch_port + 1;
+  }
   if (given.secret.empty()) {
     given.secret = first_string(getenv, {"INTERLACE_SECRET", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
                                          "OMPI_MCA_ess_base_jobid"});

@@ -1,0 +1,47 @@
+"""python -m interlace.bench all_gather [--world_size N] [--out_dir bench/results] ...
+
+Starts one process per local GPU, checks each op against its baselines, times everything in the
+same run, prints a table and writes JSON plus a PNG plot."""
+import json
+import sys
+
+from absl import app, flags
+
+from interlace.bench import launch
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("world_size", 0, "processes (GPUs); 0 = every visible GPU")
+flags.DEFINE_string("out_dir", "bench/results", "where the JSON and the plot go")
+flags.DEFINE_list("sizes", [], "bytes per rank (suffixes K, M, G allowed); default: the op's sweep")
+flags.DEFINE_integer("warmup", 5, "untimed launches before timing")
+flags.DEFINE_integer("iters", 20, "timed launches; the median is reported")
+flags.DEFINE_list("num_blocks", ["0"], "CTA counts of interlace's kernel to time (0 = automatic)")
+flags.DEFINE_integer("timeout_s", 900, "give up on the run after this long")
+
+OPS = {"all_gather": "interlace.bench.all_gather"}
+
+
+def main(argv):
+    if len(argv) != 2 or argv[1] not in OPS:
+        raise app.UsageError(f"usage: python -m interlace.bench {{{','.join(OPS)}}} [flags]")
+    op = argv[1]
+    import torch  # benchmarks use torch for the baselines (NCCL, cuBLAS); the library does not
+
+    world = FLAGS.world_size or torch.cuda.device_count()
+    if world < 1:
+        sys.exit("no GPU visible")
+    worker_args = ["-m", OPS[op], f"--out_dir={FLAGS.out_dir}", f"--warmup={FLAGS.warmup}", f"--iters={FLAGS.iters}",
+                   f"--num_blocks={','.join(FLAGS.num_blocks)}", f"--command={' '.join(sys.argv)}"]
+    if FLAGS.sizes:
+        worker_args.append(f"--sizes={','.join(FLAGS.sizes)}")
+    results = launch.run_ranks(worker_args, world, FLAGS.timeout_s)
+    failed = False
+    for rank, (rc, out) in enumerate(results):
+        if rc != 0 or rank == 0:
+            print(f"----- rank {rank} (exit {rc}) -----\n{out}")
+        failed |= rc != 0
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    app.run(main)

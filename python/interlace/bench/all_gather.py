@@ -1,0 +1,110 @@
+"""all_gather benchmark, one rank. Started by `python -m interlace.bench all_gather`.
+
+For each size: check interlace against NCCL (bitwise), then time, on the same GPUs in one run:
+  interlace (symmetric input), interlace (ordinary input, staged), NCCL all_gather_into_tensor,
+  and the copy engine pulling each peer's shard (cudaMemcpy over NVLink with no synchronisation
+  between ranks: a raw transfer, not a usable collective, shown as the hardware's reference).
+Bus bandwidth = (world - 1) * bytes_per_rank / time, as nccl-tests reports it."""
+import os
+
+import torch
+import torch.distributed as dist
+from absl import app, flags
+
+import interlace
+import interlace.torch as itorch
+from interlace.bench import common
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("out_dir", "bench/results", "")
+flags.DEFINE_list("sizes", [], "")
+flags.DEFINE_integer("warmup", 5, "")
+flags.DEFINE_integer("iters", 20, "")
+flags.DEFINE_list("num_blocks", ["0"], "")
+flags.DEFINE_string("command", "", "")
+
+DEFAULT_SIZES = ["64K", "1M", "4M", "16M", "64M", "256M", "1G"]
+
+
+def main(_):
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
+    sizes = [common.parse_bytes(s) for s in (FLAGS.sizes or DEFAULT_SIZES)]
+    block_counts = [int(b) for b in FLAGS.num_blocks]
+    group = interlace.init(heap_bytes=2 * max(sizes) + (64 << 20), timeout_s=20.0)
+    rows = []
+    for size in sizes:
+        n = size // 2  # bf16 elements
+        inp_sym = itorch.empty(group, (n,), torch.bfloat16)
+        inp_sym.copy_(torch.randn(n, device="cuda", dtype=torch.bfloat16))
+        inp = inp_sym.clone()
+        out = torch.empty(world * n, device="cuda", dtype=torch.bfloat16)
+        ref = torch.empty_like(out)
+        dist.all_gather_into_tensor(ref, inp)
+        peers = [itorch.peer(group, inp_sym, q) if q != rank else inp_sym for q in range(world)]
+        outs = out.view(world, n)
+
+        def copy_engine():
+            for k in range(1, world + 1):
+                q = (rank + k) % world
+                outs[q].copy_(peers[q], non_blocking=True)
+
+        methods = {"nccl": lambda: dist.all_gather_into_tensor(out, inp), "copy_engine": copy_engine}
+        for blocks in block_counts:
+            suffix = "" if blocks == 0 else f"[{blocks} CTAs]"
+            for label, src in (("interlace" + suffix, inp_sym), ("interlace_staged" + suffix, inp)):
+                out.fill_(float("nan"))
+                interlace.all_gather(out, src, group, num_blocks=blocks)
+                torch.cuda.synchronize()
+                group.check()
+                if not torch.equal(out, ref):
+                    bad = (out != ref).nonzero()
+                    raise SystemExit(f"rank {rank}: {label} wrong at {size} bytes: {bad.numel()} elements differ, "
+                                     f"first at {bad[0].item()}")
+                methods[label] = (lambda s=src, b=blocks: interlace.all_gather(out, s, group, num_blocks=b))
+        row = {"bytes_per_rank": size}
+        for label, fn in methods.items():
+            ms = common.time_op(fn, FLAGS.warmup, FLAGS.iters)
+            row[label] = {"ms": ms, "busbw_gbs": (world - 1) * size / (ms * 1e-3) / 1e9}
+        group.check()
+        rows.append(row)
+        del inp_sym, peers
+    if rank == 0:
+        report(rows, world)
+    dist.destroy_process_group()
+
+
+def report(rows, world):
+    env = common.environment(FLAGS.command)
+    labels = [k for k in rows[0] if k != "bytes_per_rank"]
+    name = f"all_gather_{world}x{env['gpu'].replace(' ', '_')}"
+
+    def plot(path):
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for label in labels:
+            ax.plot([r["bytes_per_rank"] for r in rows], [r[label]["busbw_gbs"] for r in rows], marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("bytes per rank")
+        ax.set_ylabel("bus bandwidth (GB/s)")
+        ax.set_title(f"all_gather, {world} x {env['gpu']}, {env['date'][:10]}")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+
+    path = common.write_results(FLAGS.out_dir, name, {"op": "all_gather", "env": env, "rows": rows}, plot)
+    print(f"wrote {path}")
+    head = f"{'bytes/rank':>10} " + " ".join(f"{l:>22}" for l in labels) + f" {'ours/nccl':>9}"
+    print("bus bandwidth GB/s (median ms)")
+    print(head)
+    for r in rows:
+        cells = " ".join(f"{r[l]['busbw_gbs']:10.1f} ({r[l]['ms']:8.4f})" for l in labels)
+        print(f"{common.human_bytes(r['bytes_per_rank']):>10} {cells} {r['nccl']['ms'] / r['interlace']['ms']:9.2f}")
+
+
+if __name__ == "__main__":
+    app.run(main)

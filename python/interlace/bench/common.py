@@ -1,0 +1,66 @@
+"""Timing and reporting shared by the op benchmarks (run inside each rank, with torch)."""
+import datetime
+import json
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+
+
+def parse_bytes(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().rstrip("B").rstrip("I")
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+
+
+def human_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} B"
+
+
+def time_op(fn, warmup: int, iters: int) -> float:
+    """Median milliseconds of one launch of fn, timed with CUDA events between back-to-back launches,
+    after all ranks meet; the slowest rank's median (a collective is as slow as its last rank)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
+    events[0].record()
+    for i in range(iters):
+        fn()
+        events[i + 1].record()
+    torch.cuda.synchronize()
+    median = statistics.median(events[i].elapsed_time(events[i + 1]) for i in range(iters))
+    t = torch.tensor([median], device="cuda", dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def environment(command: str) -> dict:
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": props.name,
+        "gpus": dist.get_world_size(),
+        "sms": props.multi_processor_count,
+        "torch": torch.__version__,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+        "command": command,
+    }
+
+
+def write_results(out_dir: str, name: str, payload: dict, plot) -> str:
+    """Writes <name>.json and, through plot(path), <name>.png; returns the JSON path."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{name}.json")
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1)
+    try:
+        plot(os.path.join(out_dir, f"{name}.png"))
+    except ImportError as e:  # matplotlib missing: the JSON still holds every number
+        print(f"no plot: {e}")
+    return path

@@ -1,0 +1,48 @@
+"""all_gather on real GPUs: each test starts one process per GPU running a scenario of
+all_gather_worker.py, and fails with every rank's output if any rank fails."""
+import os
+
+import pytest
+
+from interlace.bench.launch import run_ranks
+
+WORKER = os.path.join(os.path.dirname(__file__), "all_gather_worker.py")
+
+
+def world_size():
+    import torch
+    return torch.cuda.device_count()
+
+
+def run(scenario, timeout_s=600, world=None):
+    results = run_ranks([WORKER, scenario], world or world_size(), timeout_s)
+    report = "\n".join(f"----- rank {r} exit {rc}\n{out}" for r, (rc, out) in enumerate(results))
+    assert all(rc == 0 for rc, _ in results), report
+    print(report)
+    return results
+
+
+def test_sizes_and_dtypes():
+    run("sizes")
+
+
+def test_torch_cupy_jax_tensors():
+    run("frameworks")
+
+
+def test_cuda_graph_replays_with_changing_inputs():
+    run("graph")
+
+
+def test_bad_arguments_raise_before_gpu_work():
+    run("validation")
+
+
+def test_peer_that_never_arrives_times_out():
+    results = run("timeout", timeout_s=120)
+    assert "timed out as expected" in results[0][1]
+
+
+def test_dead_peer_gives_an_error_not_a_hang():
+    results = run("dead_peer", timeout_s=120)
+    assert "timed out as expected" in results[0][1]
