@@ -57,13 +57,16 @@ Group.empty = _group_empty
 Group.peer = _group_peer
 
 
-def all_gather(out, inp, group, *, stream=None, num_blocks=0):
+def all_gather(out, inp, group, *, stream=None, num_blocks=0, chunk_bytes=0):
     """out = every rank's inp, concatenated in rank order (out is [world, *inp.shape] or
     [world * inp.shape[0], *inp.shape[1:]]). A GPU-driven kernel over NVLink; stream-ordered and
-    CUDA-graph capturable. If inp is symmetric (group.empty), peers read it in place; otherwise it is
-    staged through the heap. Raises interlace.Error before any GPU work on bad arguments."""
+    CUDA-graph capturable. If out is symmetric (group.empty), peers store straight into it; otherwise
+    into a receive buffer in the heap (world * inp bytes), copied into out as chunks land.
+    num_blocks and chunk_bytes tune the kernel (0: automatic). Raises interlace.Error before any GPU
+    work on bad arguments."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: use interlace.jax.all_gather(x, group), which returns a new array")
     if stream is None:
         stream = _frameworks.current_stream(out, inp)
-    _C.all_gather(out, inp, group, stream=stream, num_blocks=num_blocks)
+    _C.all_gather(_frameworks.as_dlpack(out), _frameworks.as_dlpack(inp), group, stream=stream, num_blocks=num_blocks,
+                  chunk_bytes=chunk_bytes)

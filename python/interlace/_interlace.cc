@@ -201,12 +201,14 @@ NB_MODULE(_interlace, m) {
         "heap_bytes"_a, "timeout_s"_a, "bootstrap_timeout_s"_a, "node_name"_a);
 
   m.def("all_gather",
-        [](nb::ndarray<> out, nb::ndarray<nb::ro> inp, Group& group, uintptr_t stream, int num_blocks) {
+        [](nb::ndarray<> out, nb::ndarray<nb::ro> inp, Group& group, uintptr_t stream, int num_blocks,
+           uint64_t chunk_bytes) {
           TensorView o = view_of(out), i = view_of(inp);
           nb::gil_scoped_release release;
-          all_gather(group, o, i, reinterpret_cast<cudaStream_t>(stream), num_blocks);
+          all_gather(group, o, i, reinterpret_cast<cudaStream_t>(stream), AllGatherTuning{num_blocks, chunk_bytes});
         },
-        "out"_a.noconvert(), "inp"_a.noconvert(), "group"_a, nb::kw_only(), "stream"_a, "num_blocks"_a = 0);
+        "out"_a.noconvert(), "inp"_a.noconvert(), "group"_a, nb::kw_only(), "stream"_a, "num_blocks"_a = 0,
+        "chunk_bytes"_a = 0);
 
   m.def("_device_empty",
         [](std::vector<size_t> shape, const std::string& dtype, int device) {

@@ -7,11 +7,11 @@ from interlace import _interlace as _C
 from interlace import _frameworks
 
 
-def all_gather(x, group, *, num_blocks=0) -> "_jax.Array":
+def all_gather(x, group, *, num_blocks=0, chunk_bytes=0) -> "_jax.Array":
     """Every rank's x concatenated along axis 0 (shape [world * x.shape[0], *x.shape[1:]])."""
     x.block_until_ready()
     shape = (group.world_size * x.shape[0],) + tuple(x.shape[1:]) if x.ndim else (group.world_size,)
     out = _C._device_empty(list(shape), _frameworks.dtype_name(x.dtype), group.device)
-    _C.all_gather(out, x, group, stream=0, num_blocks=num_blocks)
+    _C.all_gather(out, x, group, stream=0, num_blocks=num_blocks, chunk_bytes=chunk_bytes)
     _C._synchronize(0)
     return _jax_dlpack.from_dlpack(out)

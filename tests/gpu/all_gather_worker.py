@@ -36,23 +36,26 @@ def expect_equal(out, ref, what):
 
 
 def scenario_sizes():
-    group = interlace.init(heap_bytes=(2 << 30) + (64 << 20))
+    group = interlace.init(heap_bytes=(2 * WORLD + 1) * SIZES[-1] + (64 << 20))
     case = 0
     for size in SIZES:
         for dtype in DTYPES if size <= (16 << 20) + 5 else [torch.uint8, torch.bfloat16]:
             numel = max(1, size // dtype.itemsize)
             case += 1
             ref = torch.cat([shard(q, numel, dtype, case) for q in range(WORLD)])
-            for symmetric in (True, False):
-                inp = itorch.empty(group, (numel,), dtype) if symmetric else torch.empty(numel, dtype=dtype, device="cuda")
+            for symmetric in (True, False):  # symmetric: peers store into out itself, else into the heap
+                if symmetric:
+                    inp, out = itorch.empty(group, (numel,), dtype), itorch.empty(group, (WORLD * numel,), dtype)
+                else:
+                    inp = torch.empty(numel, dtype=dtype, device="cuda")
+                    out = torch.empty(WORLD * numel, dtype=dtype, device="cuda")
                 inp.copy_(shard(RANK, numel, dtype, case))
-                out = torch.empty(WORLD * numel, dtype=dtype, device="cuda")
                 poison(out)
                 interlace.all_gather(out, inp, group)
                 torch.cuda.synchronize()
                 group.check()
                 expect_equal(out, ref, f"{numel} x {dtype} ({'symmetric' if symmetric else 'staged'})")
-                del inp
+                del inp, out
     # A 2-D input into a stacked [world, rows, cols] output, and an out that is not 16-byte aligned.
     x = shard(RANK, 7 * 33, torch.bfloat16, 999).view(7, 33)
     out = torch.empty(WORLD, 7, 33, dtype=torch.bfloat16, device="cuda")
@@ -102,12 +105,13 @@ def scenario_frameworks():
 
 
 def scenario_graph():
-    group = interlace.init(heap_bytes=64 << 20)
+    group = interlace.init(heap_bytes=128 << 20)
     n = (3 << 20) + 5
+    # One call storing into a symmetric out, one through the receive buffer into an ordinary out.
     inp = itorch.empty(group, (n,), torch.bfloat16)
     staged_inp = torch.empty(n, dtype=torch.bfloat16, device="cuda")
-    out = torch.empty(WORLD * n, dtype=torch.bfloat16, device="cuda")
-    out2 = torch.empty_like(out)
+    out = itorch.empty(group, (WORLD * n,), torch.bfloat16)
+    out2 = torch.empty(WORLD * n, dtype=torch.bfloat16, device="cuda")
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         interlace.all_gather(out, inp, group)  # first call outside capture: cross-rank checks, scratch

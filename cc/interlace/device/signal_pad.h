@@ -12,15 +12,16 @@ namespace interlace {
 // Ranks that share an NVLink domain (a node, or an NVL72 rack). Flags are indexed by local rank.
 constexpr int kMaxLocalRanks = 72;
 // CTAs one op may use; flags are kept per CTA so that CTAs never wait on each other.
-constexpr int kMaxBlocks = 512;
+constexpr int kMaxBlocks = 1024;
 
 enum class OpId : int32_t { kNone = 0, kAllGather = 1 };
 enum class FlagId : int32_t { kNone = 0, kReady = 1, kDone = 2 };
 
 struct AllGatherFlags {
-  uint64_t ready[kMaxBlocks][kMaxLocalRanks];  // [b][q]: peer q's CTA b may now be read from
-  uint64_t done[kMaxBlocks][kMaxLocalRanks];   // [b][q]: peer q's CTA b has finished reading us
+  uint64_t ready[kMaxBlocks][kMaxLocalRanks];  // [b][q]: peer q's CTA b may write into this rank (launch epoch)
+  uint64_t done[kMaxBlocks][kMaxLocalRanks];   // [b][q]: rounds of peer q's CTA b that have landed here
   uint64_t epoch[kMaxBlocks];                  // local: launches completed by CTA b
+  uint64_t seq[kMaxBlocks];                    // local: rounds completed by CTA b, over all launches
 };
 
 struct SignalPad {

@@ -95,11 +95,11 @@ size_t Group::allocate(size_t bytes, const std::string& what) {
   return offset;
 }
 
-size_t Group::scratch(size_t bytes) {
+size_t Group::scratch(size_t bytes, const char* what) {
   if (bytes <= scratch_bytes_) return scratch_offset_;
   if (scratch_bytes_) heap_->free(scratch_offset_);
   scratch_bytes_ = 0;
-  scratch_offset_ = heap_->allocate(bytes, "an op's staging buffer (or allocate the input with group.empty)");
+  scratch_offset_ = heap_->allocate(bytes, what, /*from_top=*/true);
   scratch_bytes_ = bytes;
   return scratch_offset_;
 }

@@ -51,8 +51,9 @@ class Group {
   size_t allocate(size_t bytes, const std::string& what);
   void free(size_t offset) { heap_->free(offset); }
 
-  // Symmetric scratch of at least `bytes` that ops may use for staging; grown on demand.
-  size_t scratch(size_t bytes);
+  // Symmetric scratch of at least `bytes` that ops may use for staging; grown on demand. `what`
+  // completes the error when the heap is too small.
+  size_t scratch(size_t bytes, const char* what);
 
  private:
   GroupOptions options_;

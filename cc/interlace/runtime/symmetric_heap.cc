@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <random>
@@ -152,16 +153,28 @@ SymmetricHeap::~SymmetricHeap() {
   if (handle_) cu.cuMemRelease(handle_);
 }
 
-size_t SymmetricHeap::allocate(size_t bytes, const char* what) {
+size_t SymmetricHeap::allocate(size_t bytes, const char* what, bool from_top) {
   const size_t need = round_up(bytes == 0 ? 1 : bytes, kAlignment);
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    if (it->second < need) continue;
-    size_t offset = it->first;
-    size_t rest = it->second - need;
-    free_.erase(it);
-    if (rest) free_[offset + need] = rest;
-    used_[offset] = need;
-    return offset;
+  auto fits = [&](const std::pair<const size_t, size_t>& block) { return block.second >= need; };
+  if (from_top) {
+    auto rit = std::find_if(free_.rbegin(), free_.rend(), fits);
+    if (rit != free_.rend()) {
+      const size_t offset = rit->first + rit->second - need;
+      rit->second -= need;
+      if (rit->second == 0) free_.erase(rit->first);
+      used_[offset] = need;
+      return offset;
+    }
+  } else {
+    auto it = std::find_if(free_.begin(), free_.end(), fits);
+    if (it != free_.end()) {
+      const size_t offset = it->first;
+      const size_t rest = it->second - need;
+      free_.erase(it);
+      if (rest) free_[offset + need] = rest;
+      used_[offset] = need;
+      return offset;
+    }
   }
   IL_FAIL("the symmetric heap is too small for ", what, ": it needs ", need, " bytes, the largest free block has ",
           largest_free_block(), " of ", usable_bytes_, "; create the group with a larger heap_bytes");

@@ -29,7 +29,9 @@ class SymmetricHeap {
   SignalPad* pad(int local_rank) const { return reinterpret_cast<SignalPad*>(bases_.at(local_rank)); }
 
   // Offset (from the heap's base) of a new block; raises with the sizes when it does not fit.
-  size_t allocate(size_t bytes, const char* what);
+  // Tensors come from the bottom of the heap, ops' scratch from the top (from_top), so that scratch
+  // growing with message size does not fragment the space between tensors.
+  size_t allocate(size_t bytes, const char* what, bool from_top = false);
   void free(size_t offset);
   // The offset of [ptr, ptr+bytes) if it lies inside this rank's heap, else -1.
   long long offset_of(const void* ptr, size_t bytes) const;

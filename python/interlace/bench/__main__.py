@@ -15,7 +15,7 @@ flags.DEFINE_string("out_dir", "bench/results", "where the JSON and the plot go"
 flags.DEFINE_list("sizes", [], "bytes per rank (suffixes K, M, G allowed); default: the op's sweep")
 flags.DEFINE_integer("warmup", 5, "untimed launches before timing")
 flags.DEFINE_integer("iters", 20, "timed launches; the median is reported")
-flags.DEFINE_list("num_blocks", ["0"], "CTA counts of interlace's kernel to time (0 = automatic)")
+flags.DEFINE_list("tunings", ["0:0"], "interlace kernel settings to time, as num_blocks:chunk_bytes (0:0 = automatic)")
 flags.DEFINE_integer("timeout_s", 900, "give up on the run after this long")
 
 OPS = {"all_gather": "interlace.bench.all_gather"}
@@ -31,7 +31,7 @@ def main(argv):
     if world < 1:
         sys.exit("no GPU visible")
     worker_args = ["-m", OPS[op], f"--out_dir={FLAGS.out_dir}", f"--warmup={FLAGS.warmup}", f"--iters={FLAGS.iters}",
-                   f"--num_blocks={','.join(FLAGS.num_blocks)}", f"--command={' '.join(sys.argv)}"]
+                   f"--tunings={','.join(FLAGS.tunings)}", f"--command={' '.join(sys.argv)}"]
     if FLAGS.sizes:
         worker_args.append(f"--sizes={','.join(FLAGS.sizes)}")
     results = launch.run_ranks(worker_args, world, FLAGS.timeout_s)

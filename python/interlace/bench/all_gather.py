@@ -1,7 +1,8 @@
 """all_gather benchmark, one rank. Started by `python -m interlace.bench all_gather`.
 
 For each size: check interlace against NCCL (bitwise), then time, on the same GPUs in one run:
-  interlace (symmetric input), interlace (ordinary input, staged), NCCL all_gather_into_tensor,
+  interlace (ordinary torch tensors), interlace with a symmetric out (peers store straight into it),
+  NCCL all_gather_into_tensor,
   and the copy engine pulling each peer's shard (cudaMemcpy over NVLink with no synchronisation
   between ranks: a raw transfer, not a usable collective, shown as the hardware's reference).
 Bus bandwidth = (world - 1) * bytes_per_rank / time, as nccl-tests reports it."""
@@ -20,7 +21,7 @@ flags.DEFINE_string("out_dir", "bench/results", "")
 flags.DEFINE_list("sizes", [], "")
 flags.DEFINE_integer("warmup", 5, "")
 flags.DEFINE_integer("iters", 20, "")
-flags.DEFINE_list("num_blocks", ["0"], "")
+flags.DEFINE_list("tunings", ["0:0"], "")
 flags.DEFINE_string("command", "", "")
 
 DEFAULT_SIZES = ["64K", "1M", "4M", "16M", "64M", "256M", "1G"]
@@ -31,15 +32,18 @@ def main(_):
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
     sizes = [common.parse_bytes(s) for s in (FLAGS.sizes or DEFAULT_SIZES)]
-    block_counts = [int(b) for b in FLAGS.num_blocks]
-    group = interlace.init(heap_bytes=2 * max(sizes) + (64 << 20), timeout_s=20.0)
+    # Room for the symmetric input and the staging buffer of the largest size, plus the smaller ones'.
+    tunings = [tuple(int(x) for x in t.split(":")) for t in FLAGS.tunings]
+    # Room for the largest size's symmetric input and out, and the receive buffer.
+    group = interlace.init(heap_bytes=(2 * world + 1) * max(sizes) + (64 << 20), timeout_s=20.0)
     rows = []
     for size in sizes:
         n = size // 2  # bf16 elements
-        inp_sym = itorch.empty(group, (n,), torch.bfloat16)
+        inp_sym = itorch.empty(group, (n,), torch.bfloat16)  # the copy engine reads peers' inputs
         inp_sym.copy_(torch.randn(n, device="cuda", dtype=torch.bfloat16))
         inp = inp_sym.clone()
         out = torch.empty(world * n, device="cuda", dtype=torch.bfloat16)
+        out_sym = itorch.empty(group, (world * n,), torch.bfloat16)
         ref = torch.empty_like(out)
         dist.all_gather_into_tensor(ref, inp)
         peers = [itorch.peer(group, inp_sym, q) if q != rank else inp_sym for q in range(world)]
@@ -51,25 +55,29 @@ def main(_):
                 outs[q].copy_(peers[q], non_blocking=True)
 
         methods = {"nccl": lambda: dist.all_gather_into_tensor(out, inp), "copy_engine": copy_engine}
-        for blocks in block_counts:
-            suffix = "" if blocks == 0 else f"[{blocks} CTAs]"
-            for label, src in (("interlace" + suffix, inp_sym), ("interlace_staged" + suffix, inp)):
-                out.fill_(float("nan"))
-                interlace.all_gather(out, src, group, num_blocks=blocks)
+        for blocks, chunk in tunings:
+            suffix = "" if (blocks, chunk) == (0, 0) else f"[{blocks}x{chunk // 1024}K]"
+            for label, dst in (("interlace" + suffix, out), ("interlace_symmetric_out" + suffix, out_sym)):
+                dst.fill_(float("nan"))
+                interlace.all_gather(dst, inp, group, num_blocks=blocks, chunk_bytes=chunk)
                 torch.cuda.synchronize()
                 group.check()
-                if not torch.equal(out, ref):
-                    bad = (out != ref).nonzero()
+                if not torch.equal(dst, ref):
+                    bad = (dst != ref).nonzero()
                     raise SystemExit(f"rank {rank}: {label} wrong at {size} bytes: {bad.numel()} elements differ, "
                                      f"first at {bad[0].item()}")
-                methods[label] = (lambda s=src, b=blocks: interlace.all_gather(out, s, group, num_blocks=b))
+                methods[label] = (lambda d=dst, b=blocks, c=chunk:
+                                  interlace.all_gather(d, inp, group, num_blocks=b, chunk_bytes=c))
         row = {"bytes_per_rank": size}
         for label, fn in methods.items():
             ms = common.time_op(fn, FLAGS.warmup, FLAGS.iters)
             row[label] = {"ms": ms, "busbw_gbs": (world - 1) * size / (ms * 1e-3) / 1e9}
         group.check()
         rows.append(row)
-        del inp_sym, peers
+        if rank == 0:
+            print(common.human_bytes(size), {k: round(v["busbw_gbs"], 1) for k, v in row.items() if k != "bytes_per_rank"},
+                  flush=True)
+        del inp_sym, peers, out_sym
     if rank == 0:
         report(rows, world)
     dist.destroy_process_group()

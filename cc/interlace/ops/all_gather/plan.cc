@@ -7,19 +7,24 @@
 
 namespace interlace {
 
-AllGatherPlan plan_all_gather(uint64_t bytes_per_rank, int num_sms, int num_blocks) {
-  IL_CHECK(num_blocks >= 0 && num_blocks <= kMaxBlocks, "all_gather: num_blocks must be in [0, ", kMaxBlocks,
-           "], got ", num_blocks);
+AllGatherPlan plan_all_gather(uint64_t bytes_per_rank, int resident_blocks, AllGatherTuning tuning) {
+  const int most = std::min(resident_blocks, kMaxBlocks);
+  IL_CHECK(tuning.num_blocks >= 0 && tuning.num_blocks <= most, "all_gather: num_blocks must be in [0, ", most,
+           "] (the CTAs that fit on the GPU at once: they wait on each other across GPUs), got ", tuning.num_blocks);
+  IL_CHECK(tuning.chunk_bytes % 16 == 0, "all_gather: chunk_bytes must be a multiple of 16, got ", tuning.chunk_bytes);
   AllGatherPlan plan;
-  if (num_blocks == 0) {
-    // One CTA per SM saturates NVLink with loads (BASELINES.md: 375 GB/s with 132 CTAs); small
-    // messages use fewer CTAs so that each one's flag round trip moves a useful amount of data.
-    const uint64_t by_size = (bytes_per_rank + kAllGatherMinBytesPerBlock - 1) / kAllGatherMinBytesPerBlock;
-    num_blocks = static_cast<int>(std::clamp<uint64_t>(by_size, 1, std::min(num_sms, kMaxBlocks)));
+  plan.num_blocks = tuning.num_blocks;
+  if (plan.num_blocks == 0) {
+    const uint64_t by_size = (bytes_per_rank + kAllGatherMinChunk - 1) / kAllGatherMinChunk;
+    plan.num_blocks = static_cast<int>(std::clamp<uint64_t>(by_size, 1, static_cast<uint64_t>(most)));
   }
-  const uint64_t per_block = (bytes_per_rank + num_blocks - 1) / num_blocks;
-  plan.chunk_bytes = std::max<uint64_t>(16, (per_block + 15) / 16 * 16);
-  plan.num_blocks = num_blocks;
+  plan.chunk_bytes = tuning.chunk_bytes;
+  if (plan.chunk_bytes == 0) {
+    const uint64_t per_block = (bytes_per_rank + plan.num_blocks - 1) / plan.num_blocks;
+    plan.chunk_bytes = std::clamp<uint64_t>((per_block + 15) / 16 * 16, kAllGatherMinChunk, kAllGatherMaxChunk);
+  }
+  const uint64_t per_round = plan.chunk_bytes * plan.num_blocks;
+  plan.rounds = static_cast<int>((bytes_per_rank + per_round - 1) / per_round);
   return plan;
 }
 
