@@ -83,11 +83,11 @@ void Group::require_same_across_ranks(const std::string& signature) {
 }
 
 size_t Group::allocate(size_t bytes, const std::string& what) {
-  size_t offset = heap_->allocate(bytes, what.c_str());
+  size_t offset = heap_->allocator().allocate(bytes, what.c_str());
   auto all = bootstrap_->all_gather(std::to_string(offset) + ":" + std::to_string(bytes));
   for (int r = 0; r < topo_.world_size; ++r) {
     if (all[r] != all[topo_.rank]) {
-      heap_->free(offset);
+      heap_->allocator().free(offset);
       IL_FAIL("symmetric allocations differ across ranks: rank ", topo_.rank, " got offset:bytes ", all[topo_.rank],
               ", rank ", r, " got ", all[r], "; every rank must allocate and free the same tensors in the same order");
     }
@@ -97,9 +97,9 @@ size_t Group::allocate(size_t bytes, const std::string& what) {
 
 size_t Group::scratch(size_t bytes, const char* what) {
   if (bytes <= scratch_bytes_) return scratch_offset_;
-  if (scratch_bytes_) heap_->free(scratch_offset_);
+  if (scratch_bytes_) heap_->allocator().free(scratch_offset_);
   scratch_bytes_ = 0;
-  scratch_offset_ = heap_->allocate(bytes, what, /*from_top=*/true);
+  scratch_offset_ = heap_->allocator().allocate(bytes, what, /*from_top=*/true);
   scratch_bytes_ = bytes;
   return scratch_offset_;
 }

@@ -49,7 +49,7 @@ class Group {
 
   // A symmetric allocation for the caller; the offset is checked equal on every rank.
   size_t allocate(size_t bytes, const std::string& what);
-  void free(size_t offset) { heap_->free(offset); }
+  void free(size_t offset) { heap_->allocator().free(offset); }
 
   // Symmetric scratch of at least `bytes` that ops may use for staging; grown on demand. `what`
   // completes the error when the heap is too small.

@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <random>
@@ -89,7 +88,7 @@ SymmetricHeap::SymmetricHeap(Bootstrap& bootstrap, const Topology& topo, int dev
   prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   size_t granularity = 0;
   IL_CU_CHECK(cu.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
-  data_offset_ = round_up(sizeof(SignalPad), kAlignment);
+  data_offset_ = round_up(sizeof(SignalPad), HeapAllocator::kAlignment);
   mapped_bytes_ = round_up(data_offset_ + bytes, granularity);
   usable_bytes_ = mapped_bytes_ - data_offset_;
 
@@ -136,7 +135,7 @@ SymmetricHeap::SymmetricHeap(Bootstrap& bootstrap, const Topology& topo, int dev
   IL_CUDA_CHECK(cudaMemset(bases_[local_rank_], 0, data_offset_));
   IL_CUDA_CHECK(cudaDeviceSynchronize());
   bootstrap.barrier();
-  free_[data_offset_] = usable_bytes_;
+  allocator_ = std::make_unique<HeapAllocator>(data_offset_, usable_bytes_);
 }
 
 SymmetricHeap::~SymmetricHeap() {
@@ -153,64 +152,11 @@ SymmetricHeap::~SymmetricHeap() {
   if (handle_) cu.cuMemRelease(handle_);
 }
 
-size_t SymmetricHeap::allocate(size_t bytes, const char* what, bool from_top) {
-  const size_t need = round_up(bytes == 0 ? 1 : bytes, kAlignment);
-  auto fits = [&](const std::pair<const size_t, size_t>& block) { return block.second >= need; };
-  if (from_top) {
-    auto rit = std::find_if(free_.rbegin(), free_.rend(), fits);
-    if (rit != free_.rend()) {
-      const size_t offset = rit->first + rit->second - need;
-      rit->second -= need;
-      if (rit->second == 0) free_.erase(rit->first);
-      used_[offset] = need;
-      return offset;
-    }
-  } else {
-    auto it = std::find_if(free_.begin(), free_.end(), fits);
-    if (it != free_.end()) {
-      const size_t offset = it->first;
-      const size_t rest = it->second - need;
-      free_.erase(it);
-      if (rest) free_[offset + need] = rest;
-      used_[offset] = need;
-      return offset;
-    }
-  }
-  IL_FAIL("the symmetric heap is too small for ", what, ": it needs ", need, " bytes, the largest free block has ",
-          largest_free_block(), " of ", usable_bytes_, "; create the group with a larger heap_bytes");
-}
-
-void SymmetricHeap::free(size_t offset) {
-  auto it = used_.find(offset);
-  IL_CHECK(it != used_.end(), "freeing an offset the symmetric heap did not hand out: ", offset);
-  size_t size = it->second;
-  used_.erase(it);
-  auto next = free_.lower_bound(offset);
-  if (next != free_.end() && offset + size == next->first) {
-    size += next->second;
-    next = free_.erase(next);
-  }
-  if (next != free_.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second == offset) {
-      prev->second += size;
-      return;
-    }
-  }
-  free_[offset] = size;
-}
-
 long long SymmetricHeap::offset_of(const void* ptr, size_t bytes) const {
   auto p = reinterpret_cast<uintptr_t>(ptr);
   auto base = reinterpret_cast<uintptr_t>(local_base());
   if (p < base + data_offset_ || p + bytes > base + mapped_bytes_) return -1;
   return static_cast<long long>(p - base);
-}
-
-size_t SymmetricHeap::largest_free_block() const {
-  size_t best = 0;
-  for (const auto& [offset, size] : free_) best = std::max(best, size);
-  return best;
 }
 
 }  // namespace interlace
