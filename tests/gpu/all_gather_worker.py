@@ -168,6 +168,7 @@ def scenario_validation():
     expect_error(lambda: interlace.all_gather(torch.empty(WORLD * m, device="cuda"), torch.ones(m, device="cuda"), group),
                  "differ across ranks")
     expect_error(lambda: group.empty((1 << 40,), "float32"), "heap is too small")
+    expect_error(lambda: interlace.init(heap_bytes=(4 << 20) + RANK * (2 << 20)), "heap sizes differ across ranks")
     torch.cuda.synchronize()
     assert bool((out.view(torch.int16) == -1).all()), "a failed call wrote into out"
     group.check()

@@ -1,15 +1,25 @@
 #include "interlace/ops/all_gather/launch.h"
 
+#include <atomic>
+
 #include "interlace/base/cuda.h"
 #include "interlace/ops/all_gather/kernel.cuh"
 
 namespace interlace {
 namespace {
 
+// CTAs of the kernel that fit on the group's GPU at once. It depends only on the kernel and the
+// device, so it is looked up once per device (racing lookups store the same value).
 int resident_blocks(const Group& group) {
+  static std::atomic<int> by_device[64] = {};
+  const int device = group.device();
+  int known = device < 64 ? by_device[device].load() : 0;
+  if (known > 0) return known;
   int per_sm = 0;
   IL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, all_gather_kernel, kAllGatherThreads, 0));
-  return per_sm * group.num_sms();
+  known = per_sm * group.num_sms();
+  if (device < 64) by_device[device].store(known);
+  return known;
 }
 
 }  // namespace
@@ -23,8 +33,7 @@ void all_gather(Group& group, const TensorView& out, const TensorView& inp, cuda
            " nodes; across nodes it needs the proxy transport, which is not built yet");
   const uint64_t bytes = inp.nbytes();
   IL_CUDA_CHECK(cudaSetDevice(group.device()));
-  static const int resident = resident_blocks(group);
-  const AllGatherPlan plan = plan_all_gather(bytes, resident, tuning);
+  const AllGatherPlan plan = plan_all_gather(bytes, resident_blocks(group), tuning);
   SymmetricHeap& heap = group.heap();
   const long long out_offset = heap.offset_of(out.data, out.nbytes());
   const bool staged = out_offset < 0;
