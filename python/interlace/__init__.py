@@ -13,7 +13,7 @@ from interlace import _frameworks
 from interlace._interlace import Bootstrap, Error, Group, gpu_count
 from interlace import _interlace as _C
 
-__all__ = ["Bootstrap", "Error", "Group", "all_gather", "gpu_count", "init"]
+__all__ = ["Bootstrap", "Error", "Group", "all_gather", "gemm", "gpu_count", "init"]
 __version__ = "0.1.0"
 
 
@@ -70,3 +70,16 @@ def all_gather(out, inp, group, *, stream=None, num_blocks=0, chunk_bytes=0):
         stream = _frameworks.current_stream(out, inp)
     _C.all_gather(_frameworks.as_dlpack(out), _frameworks.as_dlpack(inp), group, stream=stream, num_blocks=num_blocks,
                   chunk_bytes=chunk_bytes)
+
+
+def gemm(a, b, out, *, stream=None, band_m=8):
+    """out[M, N] = a[M, K] @ b[K, N] on one GPU with interlace's Hopper engine: bf16 or fp16 in, fp32
+    accumulation, out in the input dtype. b is [K, N], row-major or column-major; a Linear weight
+    w [N, K] goes in as w.t(). Rows must be 16-byte aligned (K and N multiples of 8). band_m: tile
+    rows per band of the tile order (L2 reuse). Raises interlace.Error before any GPU work."""
+    if _frameworks.is_jax(out):
+        raise TypeError("JAX arrays are immutable: interlace.gemm writes into out")
+    if stream is None:
+        stream = _frameworks.current_stream(out, a, b)
+    _C.gemm(_frameworks.as_dlpack(a), _frameworks.as_dlpack(b), _frameworks.as_dlpack(out), stream=stream,
+            band_m=band_m)

@@ -11,6 +11,7 @@
 
 #include "interlace/api/interlace.h"
 #include "interlace/base/cuda.h"
+#include "interlace/gemm/args.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -226,6 +227,22 @@ NB_MODULE(_interlace, m) {
     nb::gil_scoped_release release;
     IL_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)));
   }, "stream"_a);
+
+  m.def("gemm",
+        [](nb::ndarray<nb::ro> a, nb::ndarray<nb::ro> b, nb::ndarray<> out, uintptr_t stream, int band_m) {
+          TensorView va = view_of(a), vb = view_of(b), vo = view_of(out);
+          nb::gil_scoped_release release;
+          gemm(va, vb, vo, reinterpret_cast<cudaStream_t>(stream), GemmTuning{band_m});
+        },
+        "a"_a.noconvert(), "b"_a.noconvert(), "out"_a.noconvert(), nb::kw_only(), "stream"_a, "band_m"_a = 8);
+
+  m.def("_check_gemm_args",
+        [](nb::ndarray<nb::ro> a, nb::ndarray<nb::ro> b, nb::ndarray<> out, int device) {
+          GemmProblem p = check_gemm_args(view_of(a), view_of(b), view_of(out), device);
+          return nb::make_tuple(p.m, p.n, p.k, p.b_k_major);
+        },
+        "a"_a.noconvert(), "b"_a.noconvert(), "out"_a.noconvert(), nb::kw_only(), "device"_a,
+        "The checks gemm makes before any GPU work, without a GPU (for tests): returns (M, N, K, b_k_major).");
 
   m.def("_check_all_gather_args",
         [](nb::ndarray<> out, nb::ndarray<nb::ro> inp, int world_size, int device) {

@@ -1,6 +1,10 @@
-"""GPU tests need CUDA GPUs (two or more for the collectives) and torch for references. Where they
-are missing, every test here is skipped and says why."""
+"""GPU tests need CUDA GPUs and torch (for references). A test marked @pytest.mark.gpus(n) needs n of
+them; unmarked ones need one. Where they are missing, tests skip and say why."""
 import pytest
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpus(n): the test needs n CUDA GPUs")
 
 
 def _gpu_count():
@@ -8,15 +12,13 @@ def _gpu_count():
         import torch
     except ImportError:
         return 0, "torch is not installed (GPU tests use it for references)"
-    n = torch.cuda.device_count()
-    return n, f"needs 2 or more CUDA GPUs, this machine has {n}"
+    return torch.cuda.device_count(), None
 
 
 def pytest_collection_modifyitems(config, items):
-    n, reason = _gpu_count()
-    if n >= 2:
-        return
-    skip = pytest.mark.skip(reason=reason)
+    have, why = _gpu_count()
     for item in items:
-        if "tests/gpu" in str(item.fspath):
-            item.add_marker(skip)
+        marker = item.get_closest_marker("gpus")
+        need = marker.args[0] if marker else 1
+        if have < need:
+            item.add_marker(pytest.mark.skip(reason=why or f"needs {need} CUDA GPU(s), this machine has {have}"))

@@ -7,6 +7,7 @@ import pytest
 from interlace.bench.launch import run_ranks
 
 WORKER = os.path.join(os.path.dirname(__file__), "all_gather_worker.py")
+pytestmark = pytest.mark.gpus(2)
 
 
 def world_size():

@@ -11,6 +11,7 @@
 
 #include "interlace/api/tensor.h"
 #include "interlace/base/error.h"
+#include "interlace/gemm/gemm.h"
 #include "interlace/ops/all_gather/launch.h"
 #include "interlace/ops/all_gather/plan.h"
 #include "interlace/runtime/group.h"

@@ -18,7 +18,8 @@ flags.DEFINE_integer("iters", 20, "timed launches; the median is reported")
 flags.DEFINE_list("tunings", ["0:0"], "interlace kernel settings to time, as num_blocks:chunk_bytes (0:0 = automatic)")
 flags.DEFINE_integer("timeout_s", 900, "give up on the run after this long")
 
-OPS = {"all_gather": "interlace.bench.all_gather"}
+# op -> (worker module, whether it runs one process per GPU or a single one)
+OPS = {"all_gather": ("interlace.bench.all_gather", True), "gemm": ("interlace.bench.gemm", False)}
 
 
 def main(argv):
@@ -27,10 +28,11 @@ def main(argv):
     op = argv[1]
     import torch  # benchmarks use torch for the baselines (NCCL, cuBLAS); the library does not
 
-    world = FLAGS.world_size or torch.cuda.device_count()
+    module, per_gpu = OPS[op]
+    world = (FLAGS.world_size or torch.cuda.device_count()) if per_gpu else 1
     if world < 1:
         sys.exit("no GPU visible")
-    worker_args = ["-m", OPS[op], f"--out_dir={FLAGS.out_dir}", f"--warmup={FLAGS.warmup}", f"--iters={FLAGS.iters}",
+    worker_args = ["-m", module, f"--out_dir={FLAGS.out_dir}", f"--warmup={FLAGS.warmup}", f"--iters={FLAGS.iters}",
                    f"--tunings={','.join(FLAGS.tunings)}", f"--command={' '.join(sys.argv)}"]
     if FLAGS.sizes:
         worker_args.append(f"--sizes={','.join(FLAGS.sizes)}")

@@ -21,13 +21,14 @@ def human_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def time_op(fn, warmup: int, iters: int) -> float:
-    """Median milliseconds of one launch of fn, timed with CUDA events between back-to-back launches,
-    after all ranks meet; the slowest rank's median (a collective is as slow as its last rank)."""
+def time_op(fn, warmup: int, iters: int, collective: bool = True) -> float:
+    """Median milliseconds of one launch of fn, timed with CUDA events between back-to-back launches.
+    For a collective, all ranks meet first and the slowest rank's median counts."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    dist.barrier()
+    if collective:
+        dist.barrier()
     events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
     events[0].record()
     for i in range(iters):
@@ -35,17 +36,19 @@ def time_op(fn, warmup: int, iters: int) -> float:
         events[i + 1].record()
     torch.cuda.synchronize()
     median = statistics.median(events[i].elapsed_time(events[i + 1]) for i in range(iters))
+    if not collective:
+        return median
     t = torch.tensor([median], device="cuda", dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
 
 
-def environment(command: str) -> dict:
+def environment(command: str, distributed: bool = True) -> dict:
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "gpu": props.name,
-        "gpus": dist.get_world_size(),
+        "gpus": dist.get_world_size() if distributed else 1,
         "sms": props.multi_processor_count,
         "torch": torch.__version__,
         "nccl": ".".join(map(str, torch.cuda.nccl.version())),

@@ -1,0 +1,114 @@
+#include "interlace/gemm/gemm.h"
+
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "interlace/base/cuda.h"
+#include "interlace/gemm/args.h"
+#include "interlace/gemm/sm90_gemm_tma_warpspecialized.cuh"
+#include "interlace/gemm/tile_plan.h"
+
+namespace interlace {
+namespace {
+
+// Tile orders live in device memory, uploaded once per (device, grid, band) and kept for the life of
+// the process: a few bytes per tile, and a call may then be captured in a CUDA graph.
+class TileOrderCache {
+ public:
+  const int32_t* get(int device, const TileGrid& grid, int band_m) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto key = std::make_tuple(device, grid.tiles_m, grid.tiles_n, band_m);
+    auto it = orders_.find(key);
+    if (it != orders_.end()) return it->second;
+    std::vector<int32_t> order = banded_tile_order(grid, band_m);
+    int32_t* d = nullptr;
+    IL_CUDA_CHECK(cudaMalloc(&d, order.size() * sizeof(int32_t)));
+    IL_CUDA_CHECK(cudaMemcpy(d, order.data(), order.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    orders_[key] = d;
+    return d;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::tuple<int, int, int, int>, int32_t*> orders_;
+};
+
+TileOrderCache& tile_order_cache() {
+  static TileOrderCache cache;
+  return cache;
+}
+
+template <class Element, bool kBKMajor>
+void launch(const GemmProblem& p, const TensorView& a, const TensorView& b, const TensorView& out,
+            cudaStream_t stream, const GemmTuning& tuning, int device) {
+  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor>;
+  using Mainloop = typename Config::Mainloop;
+  using Epilogue = gemm_engine::StoreTile<Element>;
+  using Params = gemm_engine::GemmParams<Config, gemm_engine::NoInputWait, Epilogue>;
+  auto kernel = gemm_engine::sm90_gemm_kernel<Config, gemm_engine::NoInputWait, Epilogue>;
+
+  typename Mainloop::StrideA stride_a{};
+  cute::get<0>(stride_a) = p.lda;
+  typename Mainloop::StrideB stride_b{};
+  if constexpr (kBKMajor) {
+    cute::get<0>(stride_b) = p.ldb;  // (N, K): N steps by ldb, K contiguous
+  } else {
+    cute::get<1>(stride_b) = p.ldb;  // (N, K): N contiguous, K steps by ldb
+  }
+  typename Mainloop::Arguments args{static_cast<const Element*>(a.data), stride_a,
+                                    static_cast<const Element*>(b.data), stride_b};
+  const auto problem = cute::make_shape(static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), 1);
+
+  const TileGrid grid = tile_grid(p.m, p.n, Config::kTileM, Config::kTileN);
+  Params params{};
+  params.mainloop = Mainloop::to_underlying_arguments(problem, args, nullptr);
+  params.m = static_cast<int32_t>(p.m);
+  params.n = static_cast<int32_t>(p.n);
+  params.k = static_cast<int32_t>(p.k);
+  params.tile_order = tile_order_cache().get(device, grid, tuning.band_m);
+  params.num_tiles = grid.num_tiles();
+  params.tiles_n = grid.tiles_n;
+  params.epilogue = {static_cast<Element*>(out.data), p.ldc};
+
+  int num_sms = 0;
+  IL_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  const int smem = static_cast<int>(sizeof(typename Config::SharedStorage));
+  IL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int ctas = std::min(grid.num_tiles(), num_sms);
+  kernel<<<ctas, Config::kThreads, smem, stream>>>(params);
+  IL_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void gemm(const TensorView& a, const TensorView& b, const TensorView& out, cudaStream_t stream, GemmTuning tuning) {
+  int device = 0;
+  require_gpus();
+  IL_CUDA_CHECK(cudaGetDevice(&device));
+  if (a.device.device_type == kDLCUDA) device = a.device.device_id;
+  const GemmProblem p = check_gemm_args(a, b, out, device);
+  IL_CHECK(p.m < (int64_t{1} << 31) && p.n < (int64_t{1} << 31) && p.k < (int64_t{1} << 31),
+           "gemm: dimensions must be below 2^31");
+  IL_CHECK(tuning.band_m >= 1, "gemm: band_m must be >= 1");
+  int major = 0, minor = 0;
+  IL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  IL_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  IL_CHECK(major == 9 && minor == 0, "gemm: the engine needs a Hopper GPU (sm_90), this is sm_", major, minor);
+  IL_CUDA_CHECK(cudaSetDevice(device));
+  if (p.m == 0 || p.n == 0) return;
+  if (p.k == 0) {  // an empty sum
+    IL_CUDA_CHECK(cudaMemset2DAsync(out.data, p.ldc * 2, 0, p.n * 2, p.m, stream));
+    return;
+  }
+  if (p.dtype == GemmDtype::kBf16) {
+    p.b_k_major ? launch<cutlass::bfloat16_t, true>(p, a, b, out, stream, tuning, device)
+                : launch<cutlass::bfloat16_t, false>(p, a, b, out, stream, tuning, device);
+  } else {
+    p.b_k_major ? launch<cutlass::half_t, true>(p, a, b, out, stream, tuning, device)
+                : launch<cutlass::half_t, false>(p, a, b, out, stream, tuning, device);
+  }
+}
+
+}  // namespace interlace

@@ -1,0 +1,62 @@
+// The two places where a fused op changes the GEMM, and the plain GEMM's choices for them.
+//
+//   InputWait::wait(params, m_idx, n_idx)   producer, before loading a tile's A and B: e.g. wait for
+//                                           the A rows that another GPU is still sending.
+//   Epilogue::store(params, accum, ...)     consumers, with a finished tile in registers: e.g. store
+//                                           it into another GPU's memory, add it into a staging
+//                                           buffer, raise a flag.
+// The plain versions below compile to nothing (NoInputWait) and a predicated store (StoreTile).
+#pragma once
+
+#include <cstdint>
+
+#include "cute/tensor.hpp"
+#include "cutlass/array.h"
+#include "cutlass/numeric_conversion.h"
+
+namespace interlace::gemm_engine {
+
+struct NoInputWait {
+  struct Params {};
+  __device__ static void wait(const Params&, int /*m_idx*/, int /*n_idx*/) {}
+};
+
+// Converts the fp32 accumulators to Element and writes them to out[M, N] (row stride ldc), pairs of
+// adjacent columns at a time, skipping what lies past M or N.
+template <class Element>
+struct StoreTile {
+  struct Params {
+    Element* out;
+    int64_t ldc;
+  };
+
+  template <class TileShape, class Accumulators, class TiledMma>
+  __device__ __forceinline__ static void store(const Params& p, const Accumulators& accum, const TiledMma& tiled_mma, int thread_idx,
+                               int m_idx, int n_idx, int m, int n) {
+    using namespace cute;
+    const auto tile_mn = take<0, 2>(TileShape{});
+    Tensor out = make_tensor(make_gmem_ptr(p.out), make_shape(m, n), make_stride(p.ldc, _1{}));
+    Tensor coords = make_identity_tensor(make_shape(m, n));
+    auto thread_mma = tiled_mma.get_thread_slice(thread_idx);
+    Tensor tile_out = thread_mma.partition_C(local_tile(out, tile_mn, make_coord(m_idx, n_idx)));
+    Tensor tile_coords = thread_mma.partition_C(local_tile(coords, tile_mn, make_coord(m_idx, n_idx)));
+    static_assert(decltype(size(accum))::value % 2 == 0, "wgmma accumulators come in column pairs");
+    using Pair = cutlass::AlignedArray<Element, 2>;
+    CUTE_UNROLL
+    for (int i = 0; i < size(accum); i += 2) {  // values i and i+1 are columns c and c+1 of one row
+      const int row = get<0>(tile_coords(i));
+      const int col = get<1>(tile_coords(i));
+      if (row >= m) continue;
+      if (col + 1 < n) {
+        Pair pair;
+        pair[0] = Element(accum(i));
+        pair[1] = Element(accum(i + 1));
+        *reinterpret_cast<Pair*>(&tile_out(i)) = pair;
+      } else if (col < n) {
+        tile_out(i) = Element(accum(i));
+      }
+    }
+  }
+};
+
+}  // namespace interlace::gemm_engine

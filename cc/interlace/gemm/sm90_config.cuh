@@ -1,0 +1,51 @@
+// Compile-time configuration of the Hopper GEMM engine: tile shape, pipeline depth and the CuTe/CUTLASS
+// mainloop (TMA loads into swizzled shared memory, wgmma from shared memory, fp32 accumulators).
+#pragma once
+
+#include <type_traits>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/layout/matrix.h"
+
+namespace interlace::gemm_engine {
+
+// Element: cutlass::bfloat16_t or cutlass::half_t. kBKMajor: B is stored K-contiguous (a Linear
+// weight [N, K]); otherwise N-contiguous ([K, N] row-major).
+template <class Element_, bool kBKMajor_>
+struct Sm90GemmConfig {
+  using Element = Element_;
+  static constexpr bool kBKMajor = kBKMajor_;
+
+  // 128 x 256 output tiles shared by two consumer warpgroups (64 rows each), 64-deep K slices.
+  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using LayoutA = cutlass::layout::RowMajor;
+  using LayoutB = std::conditional_t<kBKMajor, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
+
+  // The epilogue writes from registers, so the mainloop may take all of shared memory for stages.
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, 8, Element, LayoutB, 8, float, TileShape,
+      ClusterShape, cutlass::gemm::collective::StageCountAutoCarveout<0>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+  using TiledMma = typename Mainloop::TiledMma;
+  using Pipeline = typename Mainloop::MainloopPipeline;
+  using PipelineState = typename Mainloop::PipelineState;
+
+  static constexpr int kTileM = cute::size<0>(TileShape{});
+  static constexpr int kTileN = cute::size<1>(TileShape{});
+  static constexpr int kTileK = cute::size<2>(TileShape{});
+  static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
+  static constexpr int kConsumerThreads = 256;
+  // Registers moved from the producer (which only issues TMA) to the consumers (accumulators).
+  static constexpr int kProducerRegisters = 40;
+  static constexpr int kConsumerRegisters = 232;
+
+  struct SharedStorage {
+    typename Mainloop::SharedStorage mainloop;
+  };
+};
+
+}  // namespace interlace::gemm_engine

@@ -1,0 +1,132 @@
+// The persistent, warp-specialized Hopper GEMM every fused op drives: C[M, N] = A[M, K] @ B[K, N].
+//
+// One CTA per SM walks the host's tile order (entries blockIdx.x, + gridDim.x, ...). Roles:
+//   Producer  (warpgroup 0, one warp): per tile, InputWait::wait, then TMA loads of A and B k-slices
+//             into a ring of shared-memory stages;
+//   Consumer0/Consumer1 (warpgroups 1, 2): wgmma on the stages into fp32 registers (64 rows each),
+//             then Epilogue::store of the finished tile.
+// The producer runs ahead into the next tile while the consumers finish and store the current one.
+#pragma once
+
+#include <cstdint>
+
+#include "cute/tensor.hpp"
+#include "cutlass/arch/reg_reconfig.h"
+#include "cutlass/pipeline/pipeline.hpp"
+#include "interlace/gemm/hooks.cuh"
+#include "interlace/gemm/sm90_config.cuh"
+
+namespace interlace::gemm_engine {
+
+template <class Config, class InputWait, class Epilogue>
+struct GemmParams {
+  typename Config::Mainloop::Params mainloop;
+  int32_t m, n, k;
+  const int32_t* tile_order;  // device array: entry = m_idx * tiles_n + n_idx
+  int32_t num_tiles;
+  int32_t tiles_n;
+  typename InputWait::Params input_wait;
+  typename Epilogue::Params epilogue;
+};
+
+enum class WarpGroupRole { Producer = 0, Consumer0 = 1, Consumer1 = 2 };
+
+// The tile scheduler every role asks: the same walk over the host's order for every warpgroup.
+struct TileWalk {
+  const int32_t* order;
+  int32_t num_tiles;
+  int32_t tiles_n;
+  int32_t next;
+
+  __device__ TileWalk(const int32_t* order_, int32_t num_tiles_, int32_t tiles_n_)
+      : order(order_), num_tiles(num_tiles_), tiles_n(tiles_n_), next(blockIdx.x) {}
+
+  __device__ bool get(int* m_idx, int* n_idx) {
+    if (next >= num_tiles) return false;
+    const int32_t tile = order[next];
+    next += gridDim.x;
+    *m_idx = tile / tiles_n;
+    *n_idx = tile % tiles_n;
+    return true;
+  }
+};
+
+template <class Config, class InputWait, class Epilogue, class Params, class LoadInputs>
+__device__ __forceinline__ void run_producer(const Params& params, typename Config::Pipeline& pipeline, LoadInputs& load_inputs,
+                             typename Config::SharedStorage& shared, int k_tiles) {
+  using namespace cute;
+  typename Config::Mainloop mainloop;
+  auto state = cutlass::make_producer_start_state<typename Config::Pipeline>();
+  auto k_shape = shape<3>(get<0>(load_inputs));
+  TileWalk walk(params.tile_order, params.num_tiles, params.tiles_n);
+  int m_idx, n_idx;
+  while (walk.get(&m_idx, &n_idx)) {
+    InputWait::wait(params.input_wait, m_idx, n_idx);
+    auto k_iter = make_coord_iterator(idx2crd(0, k_shape), k_shape);
+    mainloop.load(params.mainloop, pipeline, state, load_inputs, make_coord(m_idx, n_idx, _, 0), k_iter, k_tiles,
+                  static_cast<int>(threadIdx.x % 32), 0u, shared.mainloop.tensors);
+    state.advance(k_tiles);
+  }
+  mainloop.load_tail(pipeline, state);
+}
+
+template <class Config, class InputWait, class Epilogue, class Params>
+__device__ __forceinline__ void run_consumers(const Params& params, typename Config::Pipeline& pipeline,
+                              typename Config::SharedStorage& shared, int k_tiles) {
+  using namespace cute;
+  typename Config::Mainloop mainloop;
+  typename Config::TiledMma tiled_mma;
+  typename Config::PipelineState state;
+  const int mma_thread_idx = threadIdx.x % Config::kConsumerThreads;
+  TileWalk walk(params.tile_order, params.num_tiles, params.tiles_n);
+  int m_idx, n_idx;
+  while (walk.get(&m_idx, &n_idx)) {
+    auto accum = partition_fragment_C(tiled_mma, take<0, 2>(typename Config::TileShape{}));
+    mainloop.mma(pipeline, state, accum, k_tiles, mma_thread_idx, shared.mainloop.tensors, params.mainloop);
+    mainloop.mma_tail(pipeline, state, k_tiles);
+    state.advance(k_tiles);
+    Epilogue::template store<typename Config::TileShape>(params.epilogue, accum, tiled_mma, mma_thread_idx, m_idx,
+                                                         n_idx, params.m, params.n);
+  }
+}
+
+template <class Config, class InputWait, class Epilogue>
+__global__ void __launch_bounds__(Config::kThreads, 1)
+    sm90_gemm_kernel(const __grid_constant__ GemmParams<Config, InputWait, Epilogue> params) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace cute;
+  using Pipeline = typename Config::Pipeline;
+  extern __shared__ __align__(128) char smem[];
+  auto& shared = *reinterpret_cast<typename Config::SharedStorage*>(smem);
+  const int warp_idx = cutlass::canonical_warp_idx_sync();
+  const auto role = static_cast<WarpGroupRole>(cutlass::canonical_warp_group_idx());
+  const bool is_loader = role == WarpGroupRole::Producer && warp_idx == 0;
+  if (warp_idx == 0 && cute::elect_one_sync()) Config::Mainloop::prefetch_tma_descriptors(params.mainloop);
+
+  typename Pipeline::Params pipeline_params;
+  pipeline_params.role = role == WarpGroupRole::Producer
+                             ? (is_loader ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::NonParticipant)
+                             : Pipeline::ThreadCategory::Consumer;
+  pipeline_params.is_leader = threadIdx.x % cutlass::NumThreadsPerWarpGroup == 0;
+  pipeline_params.num_consumers = Config::kConsumerThreads;
+  pipeline_params.transaction_bytes = params.mainloop.tma_transaction_bytes;
+  Pipeline pipeline(shared.mainloop.pipeline, pipeline_params, typename Config::ClusterShape{});
+  __syncthreads();  // barriers initialised before anyone uses them
+
+  const auto problem = make_shape(params.m, params.n, params.k, 1);
+  const int k_tiles = (params.k + Config::kTileK - 1) / Config::kTileK;
+  if (role == WarpGroupRole::Producer) {
+    cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
+    if (is_loader) {
+      typename Config::Mainloop mainloop;
+      auto load_inputs = mainloop.load_init(problem, params.mainloop);
+      run_producer<Config, InputWait, Epilogue>(params, pipeline, load_inputs, shared, k_tiles);
+    }
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
+    run_consumers<Config, InputWait, Epilogue>(params, pipeline, shared, k_tiles);
+  }
+#endif
+}
+
+}  // namespace interlace::gemm_engine

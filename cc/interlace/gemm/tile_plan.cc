@@ -1,0 +1,30 @@
+#include "interlace/gemm/tile_plan.h"
+
+#include <algorithm>
+
+#include "interlace/base/error.h"
+
+namespace interlace {
+
+TileGrid tile_grid(int64_t m, int64_t n, int tile_m, int tile_n) {
+  IL_CHECK(m >= 0 && n >= 0 && tile_m > 0 && tile_n > 0, "bad tile grid request");
+  const int64_t tm = (m + tile_m - 1) / tile_m;
+  const int64_t tn = (n + tile_n - 1) / tile_n;
+  IL_CHECK(tm * tn < (int64_t{1} << 31), "gemm: ", m, " x ", n, " has too many output tiles");
+  return TileGrid{static_cast<int>(tm), static_cast<int>(tn)};
+}
+
+std::vector<int32_t> banded_tile_order(const TileGrid& grid, int band_m) {
+  IL_CHECK(band_m >= 1, "band_m must be >= 1");
+  std::vector<int32_t> order;
+  order.reserve(grid.num_tiles());
+  for (int band = 0; band < grid.tiles_m; band += band_m) {
+    const int rows = std::min(band_m, grid.tiles_m - band);
+    for (int n = 0; n < grid.tiles_n; ++n) {
+      for (int m = band; m < band + rows; ++m) order.push_back(m * grid.tiles_n + n);
+    }
+  }
+  return order;
+}
+
+}  // namespace interlace

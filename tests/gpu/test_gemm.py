@@ -1,0 +1,82 @@
+"""interlace.gemm on one GPU against an fp32 reference, on fresh random data, at many shapes with
+tails; poisoned outputs show unwritten elements. Bad input raises before any GPU work."""
+import pytest
+
+torch = pytest.importorskip("torch")
+import interlace  # noqa: E402
+
+# M is free; N and K are multiples of 8 (16-byte rows). Tiles are 128 x 256 x 64, so these cover
+# full tiles, one-row/one-column tails, K tails and single-tile and many-tile problems.
+SHAPES = [
+    (1, 8, 8), (1, 256, 64), (2, 16, 24), (7, 24, 40), (64, 64, 64), (127, 264, 72), (128, 256, 64),
+    (129, 248, 136), (200, 512, 8), (255, 1000, 200), (256, 256, 4104), (300, 8, 520), (333, 776, 1032),
+    (511, 2056, 64), (512, 512, 512), (513, 264, 4096), (640, 1280, 328), (777, 136, 2056), (1000, 1000, 1000),
+    (1024, 24, 8192), (1031, 4104, 88), (1536, 2048, 1024), (2047, 520, 776), (2048, 4096, 8192),
+    (2049, 7168, 512), (3000, 256, 2048), (4096, 4096, 4096), (4097, 8, 64), (5000, 1288, 384), (8191, 264, 128),
+    (8192, 1024, 256), (1, 14336, 4096), (96, 7168, 8192), (16384, 256, 72),
+]
+
+
+def reference(a, b):
+    return (a.float() @ b.float())
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_matches_fp32_reference(m, n, k):
+    g = torch.Generator(device="cuda").manual_seed(m * 1_000_003 + n * 1009 + k)
+    dtype = torch.bfloat16 if (m + n + k) % 2 == 0 else torch.float16
+    a = torch.randn(m, k, device="cuda", dtype=dtype, generator=g)
+    for layout in ("kn", "nk"):
+        # "nk": a Linear weight [N, K] passed as weight.t(), so b is column-major.
+        b = torch.randn(k, n, device="cuda", dtype=dtype, generator=g) if layout == "kn" else \
+            torch.randn(n, k, device="cuda", dtype=dtype, generator=g).t()
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+        interlace.gemm(a, b, out)
+        torch.cuda.synchronize()
+        assert not out.isnan().any(), f"{layout}: {out.isnan().sum().item()} elements never written"
+        ref = reference(a, b)
+        err = ((out.float() - ref).norm() / ref.norm()).item()
+        assert err <= 1e-2, f"{layout} {dtype}: relative error {err:.2e}"
+
+
+def test_strided_rows_and_repeat_runs_agree():
+    a_big = torch.randn(1000, 1024, device="cuda", dtype=torch.bfloat16)
+    a = a_big[:, :512]  # lda 1024 > K
+    b = torch.randn(512, 776, device="cuda", dtype=torch.bfloat16)
+    out1 = torch.empty(1000, 776, device="cuda", dtype=torch.bfloat16)
+    out2 = torch.empty_like(out1)
+    interlace.gemm(a, b, out1)
+    interlace.gemm(a, b, out2)
+    torch.cuda.synchronize()
+    assert torch.equal(out1, out2), "two runs on the same inputs differ: a race"
+    ref = reference(a, b)
+    assert ((out1.float() - ref).norm() / ref.norm()).item() <= 1e-2
+
+
+def test_bad_input_raises_before_gpu_work():
+    a = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((64, 64), 7.0, device="cuda", dtype=torch.bfloat16)
+    cases = {
+        "share a dtype": (a, b.half(), out),
+        "supported are bfloat16": (a.float(), b.float(), out.float()),
+        "shapes do not chain": (a, b[:64], out),
+        "a must be row-major": (a.t().contiguous().t(), b, out),
+        "16-byte aligned": (a[:, 1:121], b[1:121], out),
+        "is on cpu": (a, b.cpu(), out),
+    }
+    for needle, (x, y, o) in cases.items():
+        with pytest.raises(interlace.Error, match=needle):
+            interlace.gemm(x, y, o)
+    torch.cuda.synchronize()
+    assert bool((out == 7.0).all()), "a rejected call wrote into out"
+
+
+def test_empty_k_gives_zeros_and_empty_m_is_a_no_op():
+    out = torch.full((5, 16), 3.0, device="cuda", dtype=torch.bfloat16)
+    interlace.gemm(torch.empty(5, 0, device="cuda", dtype=torch.bfloat16),
+                   torch.empty(0, 16, device="cuda", dtype=torch.bfloat16), out)
+    torch.cuda.synchronize()
+    assert bool((out == 0).all())
+    interlace.gemm(torch.empty(0, 8, device="cuda", dtype=torch.bfloat16),
+                   torch.empty(8, 16, device="cuda", dtype=torch.bfloat16), out[:0])
