@@ -40,10 +40,10 @@ TileOrderCache& tile_order_cache() {
   return cache;
 }
 
-template <class Element, bool kBKMajor>
+template <class Element, bool kBKMajor, int kTileN>
 void launch(const GemmProblem& p, const TensorView& a, const TensorView& b, const TensorView& out,
-            cudaStream_t stream, const GemmTuning& tuning, int device) {
-  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor>;
+            cudaStream_t stream, const GemmTuning& tuning, int device, int num_sms) {
+  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN>;
   using Mainloop = typename Config::Mainloop;
   using Epilogue = gemm_engine::StoreTile<Element>;
   using Params = gemm_engine::GemmParams<Config, gemm_engine::NoInputWait, Epilogue>;
@@ -72,8 +72,6 @@ void launch(const GemmProblem& p, const TensorView& a, const TensorView& b, cons
   params.tiles_n = grid.tiles_n;
   params.epilogue = {static_cast<Element*>(out.data), p.ldc};
 
-  int num_sms = 0;
-  IL_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
   const int smem = static_cast<int>(sizeof(typename Config::SharedStorage));
   IL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const int ctas = std::min(grid.num_tiles(), num_sms);
@@ -102,13 +100,22 @@ void gemm(const TensorView& a, const TensorView& b, const TensorView& out, cudaS
     IL_CUDA_CHECK(cudaMemset2DAsync(out.data, p.ldc * 2, 0, p.n * 2, p.m, stream));
     return;
   }
-  if (p.dtype == GemmDtype::kBf16) {
-    p.b_k_major ? launch<cutlass::bfloat16_t, true>(p, a, b, out, stream, tuning, device)
-                : launch<cutlass::bfloat16_t, false>(p, a, b, out, stream, tuning, device);
-  } else {
-    p.b_k_major ? launch<cutlass::half_t, true>(p, a, b, out, stream, tuning, device)
-                : launch<cutlass::half_t, false>(p, a, b, out, stream, tuning, device);
-  }
+  int num_sms = 0;
+  IL_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  const int tile_n = tuning.tile_n ? tuning.tile_n : choose_tile_n(p.m, p.n, num_sms);
+  IL_CHECK(tile_n == 128 || tile_n == 256, "gemm: tile_n must be 0 (automatic), 128 or 256, got ", tile_n);
+  auto run = [&](auto element, auto b_k_major, auto tile) {
+    launch<decltype(element), decltype(b_k_major)::value, decltype(tile)::value>(p, a, b, out, stream, tuning,
+                                                                                 device, num_sms);
+  };
+  auto by_tile = [&](auto element, auto b_k_major) {
+    tile_n == 256 ? run(element, b_k_major, std::integral_constant<int, 256>{})
+                  : run(element, b_k_major, std::integral_constant<int, 128>{});
+  };
+  auto by_layout = [&](auto element) {
+    p.b_k_major ? by_tile(element, std::true_type{}) : by_tile(element, std::false_type{});
+  };
+  p.dtype == GemmDtype::kBf16 ? by_layout(cutlass::bfloat16_t{}) : by_layout(cutlass::half_t{});
 }
 
 }  // namespace interlace

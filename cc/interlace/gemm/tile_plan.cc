@@ -14,6 +14,19 @@ TileGrid tile_grid(int64_t m, int64_t n, int tile_m, int tile_n) {
   return TileGrid{static_cast<int>(tm), static_cast<int>(tn)};
 }
 
+int choose_tile_n(int64_t m, int64_t n, int num_sms) {
+  // Time ~ waves x tile area / speed; a 128 x 128 tile runs at about 93% of a 128 x 256 tile's rate
+  // (H200, bench/results/NOTES.md).
+  constexpr double kNarrowSpeed = 0.93;
+  auto waves = [&](int tile_n) {
+    const TileGrid g = tile_grid(m, n, 128, tile_n);
+    return static_cast<double>((g.num_tiles() + num_sms - 1) / num_sms);
+  };
+  const double wide = waves(256) * 256;
+  const double narrow = waves(128) * 128 / kNarrowSpeed;
+  return narrow < wide ? 128 : 256;
+}
+
 std::vector<int32_t> banded_tile_order(const TileGrid& grid, int band_m) {
   IL_CHECK(band_m >= 1, "band_m must be >= 1");
   std::vector<int32_t> order;

@@ -13,8 +13,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_integer("world_size", 0, "processes (GPUs); 0 = every visible GPU")
 flags.DEFINE_string("out_dir", "bench/results", "where the JSON and the plot go")
 flags.DEFINE_list("sizes", [], "bytes per rank (suffixes K, M, G allowed); default: the op's sweep")
-flags.DEFINE_integer("warmup", 5, "untimed launches before timing")
-flags.DEFINE_integer("iters", 20, "timed launches; the median is reported")
+flags.DEFINE_integer("warmup", 0, "untimed launches before timing (0: the op's default)")
+flags.DEFINE_integer("iters", 0, "timed launches; the median is reported (0: the op's default)")
 flags.DEFINE_list("tunings", ["0:0"], "interlace kernel settings to time, as num_blocks:chunk_bytes (0:0 = automatic)")
 flags.DEFINE_integer("timeout_s", 900, "give up on the run after this long")
 
@@ -32,8 +32,10 @@ def main(argv):
     world = (FLAGS.world_size or torch.cuda.device_count()) if per_gpu else 1
     if world < 1:
         sys.exit("no GPU visible")
-    worker_args = ["-m", module, f"--out_dir={FLAGS.out_dir}", f"--warmup={FLAGS.warmup}", f"--iters={FLAGS.iters}",
-                   f"--tunings={','.join(FLAGS.tunings)}", f"--command={' '.join(sys.argv)}"]
+    worker_args = ["-m", module, f"--out_dir={FLAGS.out_dir}", f"--tunings={','.join(FLAGS.tunings)}",
+                   f"--command={' '.join(sys.argv)}"]
+    worker_args += [f"--warmup={FLAGS.warmup}"] if FLAGS.warmup else []
+    worker_args += [f"--iters={FLAGS.iters}"] if FLAGS.iters else []
     if FLAGS.sizes:
         worker_args.append(f"--sizes={','.join(FLAGS.sizes)}")
     results = launch.run_ranks(worker_args, world, FLAGS.timeout_s)

@@ -14,11 +14,11 @@ from interlace.bench import common
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out_dir", "bench/results", "")
-flags.DEFINE_integer("warmup", 5, "")
-flags.DEFINE_integer("iters", 20, "")
+flags.DEFINE_integer("warmup", 10, "")
+flags.DEFINE_integer("iters", 50, "")
 flags.DEFINE_string("command", "", "")
 flags.DEFINE_list("sizes", [], "unused by gemm")
-flags.DEFINE_list("tunings", ["0:0"], "unused by gemm")
+flags.DEFINE_list("tunings", ["0:0"], "gemm settings to time, as band_m:tile_n (0:0 = automatic)")
 
 TP_KN = [(8192, 7168), (8192, 4096), (4096, 14336), (7168, 8192)]
 TIMED = ([(8192, 8192, 8192, "kn"), (4096, 4096, 4096, "kn"), (8192, 8192, 8192, "nk"), (4096, 4096, 4096, "nk")] +
@@ -46,8 +46,25 @@ def relative_error(m, n, k, layout, dtype=torch.bfloat16, seed=0):
     return ((out.float() - ref).norm() / ref.norm()).item(), unwritten
 
 
+def warm_up_gpu(seconds=2.0):
+    """An idle H200 sits at a low clock and takes a while to boost; a few launches of warm-up are not
+    enough for millisecond-scale GEMMs, so keep the GPU busy for a couple of seconds first."""
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    start = torch.cuda.Event(enable_timing=True)
+    stop = torch.cuda.Event(enable_timing=True)
+    start.record()
+    while True:
+        for _ in range(20):
+            torch.matmul(x, x)
+        stop.record()
+        stop.synchronize()
+        if start.elapsed_time(stop) > seconds * 1e3:
+            return
+
+
 def main(_):
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    warm_up_gpu()
     sweep = []
     for i, (m, n, k) in enumerate(SWEEP):
         layout, dtype = ("kn", "nk")[i % 2], (torch.bfloat16, torch.float16)[(i // 2) % 2]
@@ -64,16 +81,22 @@ def main(_):
             raise SystemExit(f"gemm wrong at {m}x{n}x{k} {layout}: rel err {err:.2e}, {unwritten} unwritten")
         a, b = make(m, n, k, layout, seed=1)
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        ours = common.time_op(lambda: interlace.gemm(a, b, out), FLAGS.warmup, FLAGS.iters, collective=False)
-        cublas = common.time_op(lambda: torch.matmul(a, b, out=out), FLAGS.warmup, FLAGS.iters, collective=False)
         flop = 2.0 * m * n * k
-        row = {"m": m, "n": n, "k": k, "b": layout, "rel_err": err,
-               "interlace": {"ms": ours, "tflops": flop / ours / 1e9},
-               "cublas": {"ms": cublas, "tflops": flop / cublas / 1e9}}
+        row = {"m": m, "n": n, "k": k, "b": layout, "rel_err": err}
+        cublas = common.time_op(lambda: torch.matmul(a, b, out=out), FLAGS.warmup, FLAGS.iters, collective=False)
+        row["cublas"] = {"ms": cublas, "tflops": flop / cublas / 1e9}
+        for tuning in FLAGS.tunings:
+            band, tile = (int(x) for x in tuning.split(":"))
+            label = "interlace" if (band, tile) == (0, 0) else f"interlace[band {band}, tile_n {tile}]"
+            kwargs = {} if (band, tile) == (0, 0) else {"band_m": band, "tile_n": tile}
+            ms = common.time_op(lambda: interlace.gemm(a, b, out, **kwargs), FLAGS.warmup, FLAGS.iters,
+                                collective=False)
+            row[label] = {"ms": ms, "tflops": flop / ms / 1e9}
         row["ratio"] = row["interlace"]["tflops"] / row["cublas"]["tflops"]
         rows.append(row)
+        extra = "  ".join(f"{k[10:]} {v['tflops']:.0f}" for k, v in row.items() if k.startswith("interlace["))
         print(f"{m:6} {n:6} {k:6} {layout}  interlace {row['interlace']['tflops']:6.1f}  cublas "
-              f"{row['cublas']['tflops']:6.1f}  ratio {row['ratio']:.3f}  err {err:.1e}", flush=True)
+              f"{row['cublas']['tflops']:6.1f}  ratio {row['ratio']:.3f}  err {err:.1e}  {extra}", flush=True)
     report(rows, sweep)
 
 
