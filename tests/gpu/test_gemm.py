@@ -39,6 +39,20 @@ def test_matches_fp32_reference(m, n, k):
         assert err <= 1e-2, f"{layout} {dtype}: relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("m,n,k", [(1, 8, 8), (129, 264, 72), (300, 776, 1032), (385, 2056, 4096), (4096, 4096, 512)])
+@pytest.mark.parametrize("tile_n,cluster_m", [(128, 1), (256, 2), (128, 2)])
+def test_every_tile_and_cluster_variant(m, n, k, tile_n, cluster_m):
+    """Odd tile-row counts matter with clusters: the second CTA of the last pair has no rows."""
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    interlace.gemm(a, b, out, tile_n=tile_n, cluster_m=cluster_m)
+    torch.cuda.synchronize()
+    assert not out.isnan().any()
+    ref = reference(a, b)
+    assert ((out.float() - ref).norm() / ref.norm()).item() <= 1e-2
+
+
 def test_strided_rows_and_repeat_runs_agree():
     a_big = torch.randn(1000, 1024, device="cuda", dtype=torch.bfloat16)
     a = a_big[:, :512]  # lda 1024 > K

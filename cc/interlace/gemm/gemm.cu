@@ -40,10 +40,10 @@ TileOrderCache& tile_order_cache() {
   return cache;
 }
 
-template <class Element, bool kBKMajor, int kTileN>
+template <class Element, bool kBKMajor, int kTileN, int kClusterM>
 void launch(const GemmProblem& p, const TensorView& a, const TensorView& b, const TensorView& out,
             cudaStream_t stream, const GemmTuning& tuning, int device, int num_sms) {
-  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN>;
+  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM>;
   using Mainloop = typename Config::Mainloop;
   using Epilogue = gemm_engine::StoreTile<Element>;
   using Params = gemm_engine::GemmParams<Config, gemm_engine::NoInputWait, Epilogue>;
@@ -61,7 +61,8 @@ void launch(const GemmProblem& p, const TensorView& a, const TensorView& b, cons
                                     static_cast<const Element*>(b.data), stride_b};
   const auto problem = cute::make_shape(static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), 1);
 
-  const TileGrid grid = tile_grid(p.m, p.n, Config::kTileM, Config::kTileN);
+  // The host's order is over cluster tiles: kClusterM tile rows that run together.
+  const TileGrid grid = tile_grid(p.m, p.n, Config::kTileM * kClusterM, Config::kTileN);
   Params params{};
   params.mainloop = Mainloop::to_underlying_arguments(problem, args, nullptr);
   params.m = static_cast<int32_t>(p.m);
@@ -74,9 +75,20 @@ void launch(const GemmProblem& p, const TensorView& a, const TensorView& b, cons
 
   const int smem = static_cast<int>(sizeof(typename Config::SharedStorage));
   IL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const int ctas = std::min(grid.num_tiles(), num_sms);
-  kernel<<<ctas, Config::kThreads, smem, stream>>>(params);
-  IL_CUDA_CHECK(cudaGetLastError());
+  const int ctas = std::min(grid.num_tiles(), num_sms / kClusterM) * kClusterM;
+  cudaLaunchConfig_t launch_config{};
+  launch_config.gridDim = dim3(ctas);
+  launch_config.blockDim = dim3(Config::kThreads);
+  launch_config.dynamicSmemBytes = smem;
+  launch_config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = kClusterM;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  launch_config.attrs = &cluster;
+  launch_config.numAttrs = 1;
+  IL_CUDA_CHECK(cudaLaunchKernelEx(&launch_config, kernel, params));
 }
 
 }  // namespace
@@ -104,13 +116,18 @@ void gemm(const TensorView& a, const TensorView& b, const TensorView& out, cudaS
   IL_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
   const int tile_n = tuning.tile_n ? tuning.tile_n : choose_tile_n(p.m, p.n, num_sms);
   IL_CHECK(tile_n == 128 || tile_n == 256, "gemm: tile_n must be 0 (automatic), 128 or 256, got ", tile_n);
-  auto run = [&](auto element, auto b_k_major, auto tile) {
-    launch<decltype(element), decltype(b_k_major)::value, decltype(tile)::value>(p, a, b, out, stream, tuning,
-                                                                                 device, num_sms);
+  IL_CHECK(tuning.cluster_m == 1 || tuning.cluster_m == 2, "gemm: cluster_m must be 1 or 2, got ", tuning.cluster_m);
+  auto run = [&](auto element, auto b_k_major, auto tile, auto cluster) {
+    launch<decltype(element), decltype(b_k_major)::value, decltype(tile)::value, decltype(cluster)::value>(
+        p, a, b, out, stream, tuning, device, num_sms);
+  };
+  auto by_cluster = [&](auto element, auto b_k_major, auto tile) {
+    tuning.cluster_m == 2 ? run(element, b_k_major, tile, std::integral_constant<int, 2>{})
+                          : run(element, b_k_major, tile, std::integral_constant<int, 1>{});
   };
   auto by_tile = [&](auto element, auto b_k_major) {
-    tile_n == 256 ? run(element, b_k_major, std::integral_constant<int, 256>{})
-                  : run(element, b_k_major, std::integral_constant<int, 128>{});
+    tile_n == 256 ? by_cluster(element, b_k_major, std::integral_constant<int, 256>{})
+                  : by_cluster(element, b_k_major, std::integral_constant<int, 128>{});
   };
   auto by_layout = [&](auto element) {
     p.b_k_major ? by_tile(element, std::true_type{}) : by_tile(element, std::false_type{});

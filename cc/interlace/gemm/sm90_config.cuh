@@ -15,14 +15,16 @@ namespace interlace::gemm_engine {
 // Element: cutlass::bfloat16_t or cutlass::half_t. kBKMajor: B is stored K-contiguous (a Linear
 // weight [N, K]); otherwise N-contiguous ([K, N] row-major). kTileN_: 256, or 128 where 256-wide
 // tiles would leave much of the last wave idle (choose_tile_n).
-template <class Element_, bool kBKMajor_, int kTileN_ = 256>
+// kClusterM_: CTAs per cluster along M; with 2, the pair shares each B slice through TMA multicast.
+template <class Element_, bool kBKMajor_, int kTileN_ = 256, int kClusterM_ = 1>
 struct Sm90GemmConfig {
   using Element = Element_;
   static constexpr bool kBKMajor = kBKMajor_;
 
   // 128 x kTileN output tiles shared by two consumer warpgroups (64 rows each), 64-deep K slices.
   using TileShape = cute::Shape<cute::_128, cute::Int<kTileN_>, cute::_64>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using ClusterShape = cute::Shape<cute::Int<kClusterM_>, cute::_1, cute::_1>;
+  static constexpr int kClusterM = kClusterM_;
   using LayoutA = cutlass::layout::RowMajor;
   using LayoutB = std::conditional_t<kBKMajor, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
 

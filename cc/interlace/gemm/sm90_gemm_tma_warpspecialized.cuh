@@ -1,6 +1,7 @@
 // The persistent, warp-specialized Hopper GEMM every fused op drives: C[M, N] = A[M, K] @ B[K, N].
 //
-// One CTA per SM walks the host's tile order (entries blockIdx.x, + gridDim.x, ...). Roles:
+// One CTA per SM; clusters of kClusterM CTAs walk the host's order of cluster tiles (entries
+// cluster_id, + num_clusters, ...), CTA r of a cluster taking tile row kClusterM * m + r. Roles:
 //   Producer  (warpgroup 0, one warp): per tile, InputWait::wait, then TMA loads of A and B k-slices
 //             into a ring of shared-memory stages;
 //   Consumer0/Consumer1 (warpgroups 1, 2): wgmma on the stages into fp32 registers (64 rows each),
@@ -22,8 +23,8 @@ template <class Config, class InputWait, class Epilogue>
 struct GemmParams {
   typename Config::Mainloop::Params mainloop;
   int32_t m, n, k;
-  const int32_t* tile_order;  // device array: entry = m_idx * tiles_n + n_idx
-  int32_t num_tiles;
+  const int32_t* tile_order;  // device array over cluster tiles: entry = cluster_m_idx * tiles_n + n_idx
+  int32_t num_tiles;          // cluster tiles
   int32_t tiles_n;
   typename InputWait::Params input_wait;
   typename Epilogue::Params epilogue;
@@ -32,20 +33,27 @@ struct GemmParams {
 enum class WarpGroupRole { Producer = 0, Consumer0 = 1, Consumer1 = 2 };
 
 // The tile scheduler every role asks: the same walk over the host's order for every warpgroup.
+// A tile row past the problem (the second CTA of a cluster when the tile rows are odd) still runs the
+// mainloop, since its cluster partner's B multicast lands in its shared memory; TMA reads zeros for it
+// and the epilogue stores nothing.
+template <int kClusterM>
 struct TileWalk {
   const int32_t* order;
   int32_t num_tiles;
   int32_t tiles_n;
   int32_t next;
+  int32_t step;
+  int32_t rank_in_cluster;
 
   __device__ TileWalk(const int32_t* order_, int32_t num_tiles_, int32_t tiles_n_)
-      : order(order_), num_tiles(num_tiles_), tiles_n(tiles_n_), next(blockIdx.x) {}
+      : order(order_), num_tiles(num_tiles_), tiles_n(tiles_n_), next(blockIdx.x / kClusterM),
+        step(gridDim.x / kClusterM), rank_in_cluster(blockIdx.x % kClusterM) {}
 
   __device__ bool get(int* m_idx, int* n_idx) {
     if (next >= num_tiles) return false;
     const int32_t tile = order[next];
-    next += gridDim.x;
-    *m_idx = tile / tiles_n;
+    next += step;
+    *m_idx = (tile / tiles_n) * kClusterM + rank_in_cluster;
     *n_idx = tile % tiles_n;
     return true;
   }
@@ -58,13 +66,13 @@ __device__ __forceinline__ void run_producer(const Params& params, typename Conf
   typename Config::Mainloop mainloop;
   auto state = cutlass::make_producer_start_state<typename Config::Pipeline>();
   auto k_shape = shape<3>(get<0>(load_inputs));
-  TileWalk walk(params.tile_order, params.num_tiles, params.tiles_n);
+  TileWalk<Config::kClusterM> walk(params.tile_order, params.num_tiles, params.tiles_n);
   int m_idx, n_idx;
   while (walk.get(&m_idx, &n_idx)) {
     InputWait::wait(params.input_wait, m_idx, n_idx);
     auto k_iter = make_coord_iterator(idx2crd(0, k_shape), k_shape);
     mainloop.load(params.mainloop, pipeline, state, load_inputs, make_coord(m_idx, n_idx, _, 0), k_iter, k_tiles,
-                  static_cast<int>(threadIdx.x % 32), 0u, shared.mainloop.tensors);
+                  static_cast<int>(threadIdx.x % 32), cute::block_rank_in_cluster(), shared.mainloop.tensors);
     state.advance(k_tiles);
   }
   mainloop.load_tail(pipeline, state);
@@ -78,7 +86,7 @@ __device__ __forceinline__ void run_consumers(const Params& params, typename Con
   typename Config::TiledMma tiled_mma;
   typename Config::PipelineState state;
   const int mma_thread_idx = threadIdx.x % Config::kConsumerThreads;
-  TileWalk walk(params.tile_order, params.num_tiles, params.tiles_n);
+  TileWalk<Config::kClusterM> walk(params.tile_order, params.num_tiles, params.tiles_n);
   int m_idx, n_idx;
   while (walk.get(&m_idx, &n_idx)) {
     auto accum = partition_fragment_C(tiled_mma, take<0, 2>(typename Config::TileShape{}));
@@ -111,7 +119,13 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   pipeline_params.num_consumers = Config::kConsumerThreads;
   pipeline_params.transaction_bytes = params.mainloop.tma_transaction_bytes;
   Pipeline pipeline(shared.mainloop.pipeline, pipeline_params, typename Config::ClusterShape{});
-  __syncthreads();  // barriers initialised before anyone uses them
+  // Barriers initialised, in every CTA of the cluster, before anyone uses them.
+  if constexpr (Config::kClusterM > 1) {
+    cute::cluster_arrive_relaxed();
+    cute::cluster_wait();
+  } else {
+    __syncthreads();
+  }
 
   const auto problem = make_shape(params.m, params.n, params.k, 1);
   const int k_tiles = (params.k + Config::kTileK - 1) / Config::kTileK;

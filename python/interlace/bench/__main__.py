@@ -15,7 +15,8 @@ flags.DEFINE_string("out_dir", "bench/results", "where the JSON and the plot go"
 flags.DEFINE_list("sizes", [], "bytes per rank (suffixes K, M, G allowed); default: the op's sweep")
 flags.DEFINE_integer("warmup", 0, "untimed launches before timing (0: the op's default)")
 flags.DEFINE_integer("iters", 0, "timed launches; the median is reported (0: the op's default)")
-flags.DEFINE_list("tunings", ["0:0"], "interlace kernel settings to time, as num_blocks:chunk_bytes (0:0 = automatic)")
+flags.DEFINE_list("tunings", [], "interlace settings to time besides the automatic ones; all_gather: "
+                  "num_blocks:chunk_bytes, gemm: band_m:tile_n:cluster_m")
 flags.DEFINE_integer("timeout_s", 900, "give up on the run after this long")
 
 # op -> (worker module, whether it runs one process per GPU or a single one)
@@ -32,7 +33,7 @@ def main(argv):
     world = (FLAGS.world_size or torch.cuda.device_count()) if per_gpu else 1
     if world < 1:
         sys.exit("no GPU visible")
-    worker_args = ["-m", module, f"--out_dir={FLAGS.out_dir}", f"--tunings={','.join(FLAGS.tunings)}",
+    worker_args = ["-m", module, f"--out_dir={FLAGS.out_dir}", f"--tunings={','.join(['0:0'] + FLAGS.tunings)}",
                    f"--command={' '.join(sys.argv)}"]
     worker_args += [f"--warmup={FLAGS.warmup}"] if FLAGS.warmup else []
     worker_args += [f"--iters={FLAGS.iters}"] if FLAGS.iters else []

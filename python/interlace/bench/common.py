@@ -43,6 +43,27 @@ def time_op(fn, warmup: int, iters: int, collective: bool = True) -> float:
     return t.item()
 
 
+def time_interleaved(fns: dict, warmup: int, iters: int, rounds: int = 5) -> dict:
+    """Median milliseconds per launch of each fn (one process, one GPU), timed in alternating blocks so
+    that every method sees the same clocks and temperature: GPU clocks drift over a run, and timing
+    methods one after the other would fold that drift into their ratio."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {label: [] for label in fns}
+    per_round = max(1, iters // rounds)
+    for _ in range(rounds):
+        for label, fn in fns.items():
+            events = [torch.cuda.Event(enable_timing=True) for _ in range(per_round + 1)]
+            events[0].record()
+            for i in range(per_round):
+                fn()
+                events[i + 1].record()
+            torch.cuda.synchronize()
+            times[label] += [events[i].elapsed_time(events[i + 1]) for i in range(per_round)]
+    return {label: statistics.median(t) for label, t in times.items()}
+
+
 def environment(command: str, distributed: bool = True) -> dict:
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     return {

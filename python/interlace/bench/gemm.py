@@ -15,10 +15,10 @@ from interlace.bench import common
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out_dir", "bench/results", "")
 flags.DEFINE_integer("warmup", 10, "")
-flags.DEFINE_integer("iters", 50, "")
+flags.DEFINE_integer("iters", 100, "")
 flags.DEFINE_string("command", "", "")
 flags.DEFINE_list("sizes", [], "unused by gemm")
-flags.DEFINE_list("tunings", ["0:0"], "gemm settings to time, as band_m:tile_n (0:0 = automatic)")
+flags.DEFINE_list("tunings", ["0:0:0"], "gemm settings to time, as band_m:tile_n:cluster_m (0:0:0 = automatic)")
 
 TP_KN = [(8192, 7168), (8192, 4096), (4096, 14336), (7168, 8192)]
 TIMED = ([(8192, 8192, 8192, "kn"), (4096, 4096, 4096, "kn"), (8192, 8192, 8192, "nk"), (4096, 4096, 4096, "nk")] +
@@ -37,10 +37,10 @@ def make(m, n, k, layout, dtype=torch.bfloat16, seed=0):
     return a, b
 
 
-def relative_error(m, n, k, layout, dtype=torch.bfloat16, seed=0):
+def relative_error(m, n, k, layout, dtype=torch.bfloat16, seed=0, **tuning):
     a, b = make(m, n, k, layout, dtype, seed)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-    interlace.gemm(a, b, out)
+    interlace.gemm(a, b, out, **tuning)
     ref = a.float() @ b.float()
     unwritten = int(out.isnan().sum())
     return ((out.float() - ref).norm() / ref.norm()).item(), unwritten
@@ -83,14 +83,18 @@ def main(_):
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         flop = 2.0 * m * n * k
         row = {"m": m, "n": n, "k": k, "b": layout, "rel_err": err}
-        cublas = common.time_op(lambda: torch.matmul(a, b, out=out), FLAGS.warmup, FLAGS.iters, collective=False)
-        row["cublas"] = {"ms": cublas, "tflops": flop / cublas / 1e9}
+        methods = {"cublas": lambda: torch.matmul(a, b, out=out)}
         for tuning in FLAGS.tunings:
-            band, tile = (int(x) for x in tuning.split(":"))
-            label = "interlace" if (band, tile) == (0, 0) else f"interlace[band {band}, tile_n {tile}]"
-            kwargs = {} if (band, tile) == (0, 0) else {"band_m": band, "tile_n": tile}
-            ms = common.time_op(lambda: interlace.gemm(a, b, out, **kwargs), FLAGS.warmup, FLAGS.iters,
-                                collective=False)
+            band, tile, cluster = (int(x) for x in (tuning + ":0:0").split(":")[:3])
+            if (band, tile, cluster) == (0, 0, 0):
+                methods["interlace"] = lambda: interlace.gemm(a, b, out)
+                continue
+            kwargs = {"band_m": band or 8, "tile_n": tile, "cluster_m": cluster or 1}
+            err_t, unwritten_t = relative_error(m, n, k, layout, seed=7, **kwargs)
+            if err_t > 1e-2 or unwritten_t:
+                raise SystemExit(f"gemm {kwargs} wrong at {m}x{n}x{k}: rel err {err_t:.2e}, {unwritten_t} unwritten")
+            methods[f"interlace[{band}:{tile}:{cluster}]"] = lambda kw=kwargs: interlace.gemm(a, b, out, **kw)
+        for label, ms in common.time_interleaved(methods, FLAGS.warmup, FLAGS.iters).items():
             row[label] = {"ms": ms, "tflops": flop / ms / 1e9}
         row["ratio"] = row["interlace"]["tflops"] / row["cublas"]["tflops"]
         rows.append(row)
