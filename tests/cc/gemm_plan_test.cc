@@ -31,6 +31,9 @@ TEST(GemmTilePlan, NarrowTilesOnlyWhereWideOnesFillTheLastWavePoorly) {
   EXPECT_EQ(choose_tile_n(2048, 7168, 132), 128);   // 448 wide tiles: 3.4 waves
   EXPECT_EQ(choose_tile_n(4096, 4096, 132), 256);   // 512 wide tiles: 3.9 waves
   EXPECT_EQ(choose_tile_n(8192, 8192, 132), 256);
+  EXPECT_EQ(choose_tile_n(512, 4096, 132, 2), 128);  // the same with 2-CTA clusters
+  EXPECT_EQ(choose_tile_n(2048, 7168, 132, 2), 128);
+  EXPECT_EQ(choose_tile_n(4096, 4096, 132, 2), 256);
 }
 
 }  // namespace

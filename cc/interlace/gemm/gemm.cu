@@ -101,7 +101,7 @@ void gemm(const TensorView& a, const TensorView& b, const TensorView& out, cudaS
   const GemmProblem p = check_gemm_args(a, b, out, device);
   IL_CHECK(p.m < (int64_t{1} << 31) && p.n < (int64_t{1} << 31) && p.k < (int64_t{1} << 31),
            "gemm: dimensions must be below 2^31");
-  IL_CHECK(tuning.band_m >= 1, "gemm: band_m must be >= 1");
+  IL_CHECK(tuning.band_m >= 0, "gemm: band_m must be >= 0 (0: automatic)");
   int major = 0, minor = 0;
   IL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   IL_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
@@ -114,9 +114,12 @@ void gemm(const TensorView& a, const TensorView& b, const TensorView& out, cudaS
   }
   int num_sms = 0;
   IL_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-  const int tile_n = tuning.tile_n ? tuning.tile_n : choose_tile_n(p.m, p.n, num_sms);
+  if (tuning.cluster_m == 0) tuning.cluster_m = 2;
+  IL_CHECK(tuning.cluster_m == 1 || tuning.cluster_m == 2, "gemm: cluster_m must be 0 (automatic), 1 or 2, got ",
+           tuning.cluster_m);
+  const int tile_n = tuning.tile_n ? tuning.tile_n : choose_tile_n(p.m, p.n, num_sms, tuning.cluster_m);
   IL_CHECK(tile_n == 128 || tile_n == 256, "gemm: tile_n must be 0 (automatic), 128 or 256, got ", tile_n);
-  IL_CHECK(tuning.cluster_m == 1 || tuning.cluster_m == 2, "gemm: cluster_m must be 1 or 2, got ", tuning.cluster_m);
+  if (tuning.band_m == 0) tuning.band_m = tile_n == 256 ? 16 : 8;
   auto run = [&](auto element, auto b_k_major, auto tile, auto cluster) {
     launch<decltype(element), decltype(b_k_major)::value, decltype(tile)::value, decltype(cluster)::value>(
         p, a, b, out, stream, tuning, device, num_sms);

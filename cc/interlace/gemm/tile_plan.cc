@@ -14,13 +14,14 @@ TileGrid tile_grid(int64_t m, int64_t n, int tile_m, int tile_n) {
   return TileGrid{static_cast<int>(tm), static_cast<int>(tn)};
 }
 
-int choose_tile_n(int64_t m, int64_t n, int num_sms) {
+int choose_tile_n(int64_t m, int64_t n, int num_sms, int cluster_m) {
   // Time ~ waves x tile area / speed; a 128 x 128 tile runs at about 93% of a 128 x 256 tile's rate
   // (H200, bench/results/NOTES.md).
   constexpr double kNarrowSpeed = 0.93;
   auto waves = [&](int tile_n) {
-    const TileGrid g = tile_grid(m, n, 128, tile_n);
-    return static_cast<double>((g.num_tiles() + num_sms - 1) / num_sms);
+    const TileGrid g = tile_grid(m, n, 128 * cluster_m, tile_n);
+    const int clusters = num_sms / cluster_m;
+    return static_cast<double>((g.num_tiles() + clusters - 1) / clusters);
   };
   const double wide = waves(256) * 256;
   const double narrow = waves(128) * 128 / kNarrowSpeed;

@@ -16,9 +16,10 @@ struct TileGrid {
 
 TileGrid tile_grid(int64_t m, int64_t n, int tile_m, int tile_n);
 
-// The output tile width for an m x n problem on num_sms SMs: 256 (the faster tile) unless 128-wide
-// tiles finish sooner because 256-wide ones fill the last wave poorly. Tiles are 128 rows high.
-int choose_tile_n(int64_t m, int64_t n, int num_sms);
+// The output tile width for an m x n problem on num_sms SMs in clusters of cluster_m tile rows: 256
+// (the faster tile) unless 128-wide tiles finish sooner because 256-wide ones fill the last wave
+// poorly. Tiles are 128 rows high.
+int choose_tile_n(int64_t m, int64_t n, int num_sms, int cluster_m = 1);
 
 // Tiles in bands of `band_m` tile rows; within a band, column by column, so that the tiles running
 // at one time share A rows and B columns in L2. Entry value: m_idx * tiles_n + n_idx.

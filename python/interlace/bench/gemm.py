@@ -89,7 +89,7 @@ def main(_):
             if (band, tile, cluster) == (0, 0, 0):
                 methods["interlace"] = lambda: interlace.gemm(a, b, out)
                 continue
-            kwargs = {"band_m": band or 8, "tile_n": tile, "cluster_m": cluster or 1}
+            kwargs = {"band_m": band, "tile_n": tile, "cluster_m": cluster}
             err_t, unwritten_t = relative_error(m, n, k, layout, seed=7, **kwargs)
             if err_t > 1e-2 or unwritten_t:
                 raise SystemExit(f"gemm {kwargs} wrong at {m}x{n}x{k}: rel err {err_t:.2e}, {unwritten_t} unwritten")
