@@ -52,7 +52,9 @@ class Group {
   void free(size_t offset) { heap_->allocator().free(offset); }
 
   // Symmetric scratch of at least `bytes` that ops may use for staging; grown on demand. `what`
-  // completes the error when the heap is too small.
+  // completes the error when the heap is too small. Growing frees the old block at once, on the
+  // host: ops still in flight may use it, so only stream-ordered work may touch memory allocated
+  // from the heap right after a growth (the usual case; a host write there could race).
   size_t scratch(size_t bytes, const char* what);
 
  private:
