@@ -230,13 +230,13 @@ NB_MODULE(_interlace, m) {
 
   m.def("gemm",
         [](nb::ndarray<nb::ro> a, nb::ndarray<nb::ro> b, nb::ndarray<> out, uintptr_t stream, int band_m, int tile_n,
-           int cluster_m) {
+           int cluster_m, bool pingpong) {
           TensorView va = view_of(a), vb = view_of(b), vo = view_of(out);
           nb::gil_scoped_release release;
-          gemm(va, vb, vo, reinterpret_cast<cudaStream_t>(stream), GemmTuning{band_m, tile_n, cluster_m});
+          gemm(va, vb, vo, reinterpret_cast<cudaStream_t>(stream), GemmTuning{band_m, tile_n, cluster_m, pingpong});
         },
         "a"_a.noconvert(), "b"_a.noconvert(), "out"_a.noconvert(), nb::kw_only(), "stream"_a, "band_m"_a = 0,
-        "tile_n"_a = 0, "cluster_m"_a = 0);
+        "tile_n"_a = 0, "cluster_m"_a = 0, "pingpong"_a = false);
 
   m.def("_check_gemm_args",
         [](nb::ndarray<nb::ro> a, nb::ndarray<nb::ro> b, nb::ndarray<> out, int device) {

@@ -40,10 +40,10 @@ TileOrderCache& tile_order_cache() {
   return cache;
 }
 
-template <class Element, bool kBKMajor, int kTileN, int kClusterM>
+template <class Element, bool kBKMajor, int kTileN, int kClusterM, bool kPingpong>
 void launch(const GemmProblem& p, const TensorView& a, const TensorView& b, const TensorView& out,
             cudaStream_t stream, const GemmTuning& tuning, int device, int num_sms) {
-  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM>;
+  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, kPingpong>;
   using Mainloop = typename Config::Mainloop;
   using Epilogue = gemm_engine::StoreTile<Element>;
   using Params = gemm_engine::GemmParams<Config, gemm_engine::NoInputWait, Epilogue>;
@@ -120,17 +120,23 @@ void gemm(const TensorView& a, const TensorView& b, const TensorView& out, cudaS
   const int tile_n = tuning.tile_n ? tuning.tile_n : choose_tile_n(p.m, p.n, num_sms, tuning.cluster_m);
   IL_CHECK(tile_n == 128 || tile_n == 256, "gemm: tile_n must be 0 (automatic), 128 or 256, got ", tile_n);
   if (tuning.band_m == 0) tuning.band_m = tile_n == 256 ? 16 : 8;
-  auto run = [&](auto element, auto b_k_major, auto tile, auto cluster) {
-    launch<decltype(element), decltype(b_k_major)::value, decltype(tile)::value, decltype(cluster)::value>(
-        p, a, b, out, stream, tuning, device, num_sms);
+  // Ping-pong tiles are 128 x 128 (one warpgroup's accumulators); cooperative ones 128 x tile_n.
+  auto run = [&](auto element, auto b_k_major, auto tile, auto cluster, auto pingpong) {
+    launch<decltype(element), decltype(b_k_major)::value, decltype(tile)::value, decltype(cluster)::value,
+           decltype(pingpong)::value>(p, a, b, out, stream, tuning, device, num_sms);
   };
-  auto by_cluster = [&](auto element, auto b_k_major, auto tile) {
-    tuning.cluster_m == 2 ? run(element, b_k_major, tile, std::integral_constant<int, 2>{})
-                          : run(element, b_k_major, tile, std::integral_constant<int, 1>{});
+  auto by_cluster = [&](auto element, auto b_k_major, auto tile, auto pingpong) {
+    tuning.cluster_m == 2 ? run(element, b_k_major, tile, std::integral_constant<int, 2>{}, pingpong)
+                          : run(element, b_k_major, tile, std::integral_constant<int, 1>{}, pingpong);
   };
   auto by_tile = [&](auto element, auto b_k_major) {
-    tile_n == 256 ? by_cluster(element, b_k_major, std::integral_constant<int, 256>{})
-                  : by_cluster(element, b_k_major, std::integral_constant<int, 128>{});
+    if (tuning.pingpong) {
+      by_cluster(element, b_k_major, std::integral_constant<int, 128>{}, std::true_type{});
+    } else if (tile_n == 256) {
+      by_cluster(element, b_k_major, std::integral_constant<int, 256>{}, std::false_type{});
+    } else {
+      by_cluster(element, b_k_major, std::integral_constant<int, 128>{}, std::false_type{});
+    }
   };
   auto by_layout = [&](auto element) {
     p.b_k_major ? by_tile(element, std::true_type{}) : by_tile(element, std::false_type{});

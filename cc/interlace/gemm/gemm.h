@@ -14,6 +14,7 @@ struct GemmTuning {
   int band_m = 0;     // cluster-tile rows per band of the tile order (L2 reuse); see banded_tile_order
   int tile_n = 0;     // output tile width, 128 or 256; see choose_tile_n
   int cluster_m = 0;  // CTAs per cluster along M, 1 or 2 (2: the pair shares B through TMA multicast)
+  bool pingpong = false;  // ping-pong consumers on 128 x 128 tiles instead of cooperative ones
 };
 
 void gemm(const TensorView& a, const TensorView& b, const TensorView& out, cudaStream_t stream, GemmTuning tuning = {});

@@ -9,6 +9,7 @@
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/layout/matrix.h"
+#include "cutlass/pipeline/pipeline.hpp"
 
 namespace interlace::gemm_engine {
 
@@ -16,7 +17,9 @@ namespace interlace::gemm_engine {
 // weight [N, K]); otherwise N-contiguous ([K, N] row-major). kTileN_: 256, or 128 where 256-wide
 // tiles would leave much of the last wave idle (choose_tile_n).
 // kClusterM_: CTAs per cluster along M; with 2, the pair shares each B slice through TMA multicast.
-template <class Element_, bool kBKMajor_, int kTileN_ = 256, int kClusterM_ = 1>
+// kPingpong_: the two consumer warpgroups take alternate tiles (each a whole 128 x kTileN tile), so
+// one stores its tile while the other computes; otherwise they share each tile (cooperative).
+template <class Element_, bool kBKMajor_, int kTileN_ = 256, int kClusterM_ = 1, bool kPingpong_ = false>
 struct Sm90GemmConfig {
   using Element = Element_;
   static constexpr bool kBKMajor = kBKMajor_;
@@ -25,14 +28,16 @@ struct Sm90GemmConfig {
   using TileShape = cute::Shape<cute::_128, cute::Int<kTileN_>, cute::_64>;
   using ClusterShape = cute::Shape<cute::Int<kClusterM_>, cute::_1, cute::_1>;
   static constexpr int kClusterM = kClusterM_;
+  static constexpr bool kPingpong = kPingpong_;
   using LayoutA = cutlass::layout::RowMajor;
   using LayoutB = std::conditional_t<kBKMajor, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
 
   // The epilogue writes from registers, so the mainloop may take all of shared memory for stages.
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, 8, Element, LayoutB, 8, float, TileShape,
-      ClusterShape, cutlass::gemm::collective::StageCountAutoCarveout<0>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+      ClusterShape, cutlass::gemm::collective::StageCountAutoCarveout<sizeof(cutlass::OrderedSequenceBarrier<2, 2>::SharedStorage)>,
+      std::conditional_t<kPingpong_, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                         cutlass::gemm::KernelTmaWarpSpecializedCooperative>>::CollectiveOp;
   using TiledMma = typename Mainloop::TiledMma;
   using Pipeline = typename Mainloop::MainloopPipeline;
   using PipelineState = typename Mainloop::PipelineState;
@@ -41,13 +46,17 @@ struct Sm90GemmConfig {
   static constexpr int kTileN = cute::size<1>(TileShape{});
   static constexpr int kTileK = cute::size<2>(TileShape{});
   static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
-  static constexpr int kConsumerThreads = 256;
+  // Threads that consume one pipeline stage: both consumer warpgroups, or one in ping-pong.
+  static constexpr int kConsumerThreads = kPingpong_ ? 128 : 256;
+  // Ping-pong: the warpgroups take turns at the mainloop and at the epilogue.
+  using MathOrder = cutlass::OrderedSequenceBarrier<2, 2>;
   // Registers moved from the producer (which only issues TMA) to the consumers (accumulators).
   static constexpr int kProducerRegisters = 40;
   static constexpr int kConsumerRegisters = 232;
 
   struct SharedStorage {
     typename Mainloop::SharedStorage mainloop;
+    alignas(16) typename MathOrder::SharedStorage math_order;
   };
 };
 

@@ -4,8 +4,10 @@
 // cluster_id, + num_clusters, ...), CTA r of a cluster taking tile row kClusterM * m + r. Roles:
 //   Producer  (warpgroup 0, one warp): per tile, InputWait::wait, then TMA loads of A and B k-slices
 //             into a ring of shared-memory stages;
-//   Consumer0/Consumer1 (warpgroups 1, 2): wgmma on the stages into fp32 registers (64 rows each),
-//             then Epilogue::store of the finished tile.
+//   Consumer0/Consumer1 (warpgroups 1, 2): wgmma on the stages into fp32 registers, then
+//             Epilogue::store of the finished tile. Cooperative: both share each tile (64 rows
+//             each). Ping-pong: they take alternate tiles and turns, so that one warpgroup's
+//             epilogue runs while the other's wgmma keeps the tensor cores busy.
 // The producer runs ahead into the next tile while the consumers finish and store the current one.
 #pragma once
 
@@ -49,6 +51,8 @@ struct TileWalk {
       : order(order_), num_tiles(num_tiles_), tiles_n(tiles_n_), next(blockIdx.x / kClusterM),
         step(gridDim.x / kClusterM), rank_in_cluster(blockIdx.x % kClusterM) {}
 
+  __device__ void skip() { next += step; }
+
   __device__ bool get(int* m_idx, int* n_idx) {
     if (next >= num_tiles) return false;
     const int32_t tile = order[next];
@@ -76,6 +80,38 @@ __device__ __forceinline__ void run_producer(const Params& params, typename Conf
     state.advance(k_tiles);
   }
   mainloop.load_tail(pipeline, state);
+}
+
+// Ping-pong: consumer warpgroup g takes tiles g, g + 2, ... of the CTA's walk; its pipeline state
+// skips the other warpgroup's stages.
+template <class Config, class InputWait, class Epilogue, class Params>
+__device__ __forceinline__ void run_pingpong_consumer(const Params& params, typename Config::Pipeline& pipeline,
+                                                      typename Config::SharedStorage& shared,
+                                                      typename Config::MathOrder& order, int k_tiles, int group) {
+  using namespace cute;
+  typename Config::Mainloop mainloop;
+  typename Config::TiledMma tiled_mma;
+  typename Config::PipelineState state;
+  const int mma_thread_idx = threadIdx.x % cutlass::NumThreadsPerWarpGroup;
+  TileWalk<Config::kClusterM> walk(params.tile_order, params.num_tiles, params.tiles_n);
+  if (group == 1) {
+    walk.skip();
+    state.advance(k_tiles);
+  }
+  int m_idx, n_idx;
+  while (walk.get(&m_idx, &n_idx)) {
+    auto accum = partition_fragment_C(tiled_mma, take<0, 2>(typename Config::TileShape{}));
+    order.wait();  // my turn at the mainloop
+    mainloop.mma(pipeline, state, accum, k_tiles, mma_thread_idx, shared.mainloop.tensors, params.mainloop);
+    order.arrive();
+    mainloop.mma_tail(pipeline, state, k_tiles);
+    state.advance(2 * k_tiles);
+    order.wait();  // my turn at the epilogue
+    Epilogue::template store<typename Config::TileShape>(params.epilogue, accum, tiled_mma, mma_thread_idx, m_idx,
+                                                         n_idx, params.m, params.n);
+    order.arrive();
+    walk.skip();
+  }
 }
 
 template <class Config, class InputWait, class Epilogue, class Params>
@@ -119,6 +155,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   pipeline_params.num_consumers = Config::kConsumerThreads;
   pipeline_params.transaction_bytes = params.mainloop.tma_transaction_bytes;
   Pipeline pipeline(shared.mainloop.pipeline, pipeline_params, typename Config::ClusterShape{});
+  const int consumer_group = static_cast<int>(role) - static_cast<int>(WarpGroupRole::Consumer0);
+  typename Config::MathOrder::Params order_params;
+  order_params.group_id = consumer_group < 0 ? 0 : consumer_group;
+  order_params.group_size = cutlass::NumThreadsPerWarpGroup;
+  typename Config::MathOrder math_order(shared.math_order, order_params);
   // Barriers initialised, in every CTA of the cluster, before anyone uses them.
   if constexpr (Config::kClusterM > 1) {
     cute::cluster_arrive_relaxed();
@@ -138,7 +179,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
-    run_consumers<Config, InputWait, Epilogue>(params, pipeline, shared, k_tiles);
+    if constexpr (Config::kPingpong) {
+      run_pingpong_consumer<Config, InputWait, Epilogue>(params, pipeline, shared, math_order, k_tiles,
+                                                         consumer_group);
+    } else {
+      run_consumers<Config, InputWait, Epilogue>(params, pipeline, shared, k_tiles);
+    }
   }
 #endif
 }

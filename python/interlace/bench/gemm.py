@@ -18,7 +18,7 @@ flags.DEFINE_integer("warmup", 10, "")
 flags.DEFINE_integer("iters", 100, "")
 flags.DEFINE_string("command", "", "")
 flags.DEFINE_list("sizes", [], "unused by gemm")
-flags.DEFINE_list("tunings", ["0:0:0"], "gemm settings to time, as band_m:tile_n:cluster_m (0:0:0 = automatic)")
+flags.DEFINE_list("tunings", ["0:0:0"], "gemm settings to time, as band_m:tile_n:cluster_m[:pingpong] (0:0:0 = automatic)")
 
 TP_KN = [(8192, 7168), (8192, 4096), (4096, 14336), (7168, 8192)]
 TIMED = ([(8192, 8192, 8192, "kn"), (4096, 4096, 4096, "kn"), (8192, 8192, 8192, "nk"), (4096, 4096, 4096, "nk")] +
@@ -85,15 +85,15 @@ def main(_):
         row = {"m": m, "n": n, "k": k, "b": layout, "rel_err": err}
         methods = {"cublas": lambda: torch.matmul(a, b, out=out)}
         for tuning in FLAGS.tunings:
-            band, tile, cluster = (int(x) for x in (tuning + ":0:0").split(":")[:3])
-            if (band, tile, cluster) == (0, 0, 0):
+            band, tile, cluster, pingpong = (int(x) for x in (tuning + ":0:0:0").split(":")[:4])
+            if (band, tile, cluster, pingpong) == (0, 0, 0, 0):
                 methods["interlace"] = lambda: interlace.gemm(a, b, out)
                 continue
-            kwargs = {"band_m": band, "tile_n": tile, "cluster_m": cluster}
+            kwargs = {"band_m": band, "tile_n": tile, "cluster_m": cluster, "pingpong": bool(pingpong)}
             err_t, unwritten_t = relative_error(m, n, k, layout, seed=7, **kwargs)
             if err_t > 1e-2 or unwritten_t:
                 raise SystemExit(f"gemm {kwargs} wrong at {m}x{n}x{k}: rel err {err_t:.2e}, {unwritten_t} unwritten")
-            methods[f"interlace[{band}:{tile}:{cluster}]"] = lambda kw=kwargs: interlace.gemm(a, b, out, **kw)
+            methods[f"interlace[{tuning}]"] = lambda kw=kwargs: interlace.gemm(a, b, out, **kw)
         for label, ms in common.time_interleaved(methods, FLAGS.warmup, FLAGS.iters).items():
             row[label] = {"ms": ms, "tflops": flop / ms / 1e9}
         row["ratio"] = row["interlace"]["tflops"] / row["cublas"]["tflops"]
