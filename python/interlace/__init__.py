@@ -72,13 +72,14 @@ def all_gather(out, inp, group, *, stream=None, num_blocks=0, chunk_bytes=0):
                   chunk_bytes=chunk_bytes)
 
 
-def gemm(a, b, out, *, stream=None, band_m=0, tile_n=0, cluster_m=0, pingpong=False):
+def gemm(a, b, out, *, stream=None, band_m=0, tile_n=0, cluster_m=0, pingpong=True):
     """out[M, N] = a[M, K] @ b[K, N] on one GPU with interlace's Hopper engine: bf16 or fp16 in, fp32
     accumulation, out in the input dtype. b is [K, N], row-major or column-major; a Linear weight
     w [N, K] goes in as w.t(). Rows must be 16-byte aligned (K and N multiples of 8). Tuning, 0 meaning
-    automatic: band_m, cluster-tile rows per band of the tile order (L2 reuse); tile_n, output tile
-    width (128 or 256, by wave fill); cluster_m, CTAs per cluster sharing B (1 or 2); pingpong,
-    consumer warpgroups on alternate 128 x 128 tiles. Raises interlace.Error before any GPU work."""
+    automatic: band_m, cluster-tile rows per band of the tile order (L2 reuse); cluster_m, CTAs per
+    cluster sharing B (1 or 2); pingpong (default), consumer warpgroups on alternate 128 x 128 tiles,
+    else cooperative tiles of width tile_n (128 or 256, by wave fill). Raises interlace.Error before
+    any GPU work."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: interlace.gemm writes into out")
     if stream is None:

@@ -236,7 +236,7 @@ NB_MODULE(_interlace, m) {
           gemm(va, vb, vo, reinterpret_cast<cudaStream_t>(stream), GemmTuning{band_m, tile_n, cluster_m, pingpong});
         },
         "a"_a.noconvert(), "b"_a.noconvert(), "out"_a.noconvert(), nb::kw_only(), "stream"_a, "band_m"_a = 0,
-        "tile_n"_a = 0, "cluster_m"_a = 0, "pingpong"_a = false);
+        "tile_n"_a = 0, "cluster_m"_a = 0, "pingpong"_a = true);
 
   m.def("_check_gemm_args",
         [](nb::ndarray<nb::ro> a, nb::ndarray<nb::ro> b, nb::ndarray<> out, int device) {

@@ -117,7 +117,11 @@ void gemm(const TensorView& a, const TensorView& b, const TensorView& out, cudaS
   if (tuning.cluster_m == 0) tuning.cluster_m = 2;
   IL_CHECK(tuning.cluster_m == 1 || tuning.cluster_m == 2, "gemm: cluster_m must be 0 (automatic), 1 or 2, got ",
            tuning.cluster_m);
-  const int tile_n = tuning.tile_n ? tuning.tile_n : choose_tile_n(p.m, p.n, num_sms, tuning.cluster_m);
+  IL_CHECK(!tuning.pingpong || tuning.tile_n == 0 || tuning.tile_n == 128,
+           "gemm: ping-pong tiles are 128 wide; tile_n=", tuning.tile_n, " needs pingpong=False");
+  const int tile_n = tuning.pingpong ? 128
+                     : tuning.tile_n ? tuning.tile_n
+                                     : choose_tile_n(p.m, p.n, num_sms, tuning.cluster_m);
   IL_CHECK(tile_n == 128 || tile_n == 256, "gemm: tile_n must be 0 (automatic), 128 or 256, got ", tile_n);
   if (tuning.band_m == 0) tuning.band_m = tile_n == 256 ? 16 : 8;
   // Ping-pong tiles are 128 x 128 (one warpgroup's accumulators); cooperative ones 128 x tile_n.
