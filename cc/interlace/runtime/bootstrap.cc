@@ -168,8 +168,11 @@ void Bootstrap::abort_all(const std::string& why) {
   Deadline deadline = deadline_after(1.0);
   for (auto& peer : peers_) {
     if (peer.valid()) send_message(peer, Kind::kAbort, why, deadline);
-    peer.close();
   }
+  // Peers may have sent data rank 0 never read; closing over it would reset the connection and lose
+  // the abort message on its way to them.
+  Deadline drain = deadline_after(2.0);
+  for (auto& peer : peers_) close_after_drain(peer, drain);
   IL_FAIL(why);
 }
 

@@ -150,6 +150,17 @@ IoStatus recv_all(const Socket& s, void* data, size_t size, Deadline deadline) {
   return IoStatus::kOk;
 }
 
+void close_after_drain(Socket& s, Deadline deadline) {
+  if (!s.valid()) return;
+  ::shutdown(s.fd(), SHUT_WR);
+  char sink[4096];
+  while (wait_ready(s.fd(), POLLIN, deadline)) {
+    ssize_t n = ::recv(s.fd(), sink, sizeof(sink), 0);
+    if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
+  }
+  s.close();
+}
+
 Socket listen_unix(const std::string& name) {
   Socket s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   IL_CHECK(s.valid(), "socket(AF_UNIX) failed: ", strerror(errno));

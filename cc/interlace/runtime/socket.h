@@ -45,6 +45,10 @@ Socket connect_tcp(const std::string& host, int port, Deadline deadline);
 Socket accept_until(const Socket& listener, Deadline deadline);
 
 IoStatus send_all(const Socket& s, const void* data, size_t size, Deadline deadline);
+// Closes after the peer has had the chance to read what was sent: closing a socket that still holds
+// unread input makes the kernel reset the connection, and the reset destroys data still in flight to
+// the peer. Sends FIN, discards input until the peer closes or the deadline passes, then closes.
+void close_after_drain(Socket& s, Deadline deadline);
 IoStatus recv_all(const Socket& s, void* data, size_t size, Deadline deadline);
 
 // Unix-domain sockets in the abstract namespace, for passing file descriptors between the
