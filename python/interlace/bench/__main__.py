@@ -2,7 +2,6 @@
 
 Starts one process per local GPU, checks each op against its baselines, times everything in the
 same run, prints a table and writes JSON plus a PNG plot."""
-import json
 import sys
 
 from absl import app, flags
