@@ -9,7 +9,7 @@
 //   group.check();                              // raises if a peer never arrived
 #pragma once
 
-#include "interlace/api/tensor.h"
+#include "interlace/base/tensor.h"
 #include "interlace/base/error.h"
 #include "interlace/gemm/gemm.h"
 #include "interlace/ops/all_gather/launch.h"

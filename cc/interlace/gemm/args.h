@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "interlace/api/tensor.h"
+#include "interlace/base/tensor.h"
 
 namespace interlace {
 

@@ -4,7 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "interlace/api/tensor.h"
+#include "interlace/base/tensor.h"
 
 namespace interlace {
 

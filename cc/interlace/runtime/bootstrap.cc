@@ -92,7 +92,7 @@ Bootstrap::Bootstrap(const BootstrapOptions& options) : options_(options) {
 Bootstrap::~Bootstrap() = default;
 
 void Bootstrap::rendezvous_as_root() {
-  Socket listener = listen_tcp(options_.master_port);
+  Socket listener = listen_tcp(options_.master_addr, options_.master_port);
   const Deadline deadline = deadline_after(options_.timeout_s);
   const uint64_t expected_hash = secret_hash(options_.secret);
   peers_.resize(options_.world_size);

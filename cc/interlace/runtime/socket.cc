@@ -60,31 +60,52 @@ void Socket::close() {
   fd_ = -1;
 }
 
-Socket listen_tcp(int port) {
-  Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  IL_CHECK(s.valid(), "socket() failed: ", strerror(errno));
-  int one = 1;
-  ::setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  IL_CHECK(::bind(s.fd(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0,
-           "rank 0 cannot listen on port ", port, ": ", strerror(errno),
-           " (is another job using MASTER_PORT ", port, "?)");
-  IL_CHECK(::listen(s.fd(), 1024) == 0, "listen() failed: ", strerror(errno));
-  return s;
-}
+namespace {
 
-Socket connect_tcp(const std::string& host, int port, Deadline deadline) {
+sockaddr_in resolve_ipv4(const std::string& host, int port) {
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
   int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
-  IL_CHECK(rc == 0, "cannot resolve master address '", host, "': ", gai_strerror(rc));
+  IL_CHECK(rc == 0, "cannot resolve address '", host, "': ", gai_strerror(rc));
   sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(found->ai_addr);
   ::freeaddrinfo(found);
+  return addr;
+}
+
+}  // namespace
+
+Socket listen_tcp(const std::string& address, int port) {
+  Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  IL_CHECK(s.valid(), "socket() failed: ", strerror(errno));
+  int one = 1;
+  ::setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  if (address.empty()) {
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+  } else {
+    addr = resolve_ipv4(address, port);
+  }
+  IL_CHECK(::bind(s.fd(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0,
+           "cannot listen on ", address.empty() ? "*" : address, ":", port, ": ", strerror(errno),
+           " (is another job using port ", port, "?)");
+  IL_CHECK(::listen(s.fd(), 1024) == 0, "listen() failed: ", strerror(errno));
+  return s;
+}
+
+int bound_port(const Socket& listener) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  IL_CHECK(::getsockname(listener.fd(), reinterpret_cast<sockaddr*>(&addr), &len) == 0, "getsockname failed: ",
+           strerror(errno));
+  return ntohs(addr.sin_port);
+}
+
+Socket connect_tcp(const std::string& host, int port, Deadline deadline) {
+  sockaddr_in addr = resolve_ipv4(host, port);
   while (Clock::now() < deadline) {
     Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     IL_CHECK(s.valid(), "socket() failed: ", strerror(errno));

@@ -38,7 +38,10 @@ class Socket {
 // Result of an I/O wait: the peer may close or the deadline may pass.
 enum class IoStatus { kOk, kClosed, kTimeout };
 
-Socket listen_tcp(int port);
+// Listens on `address` (an IPv4 address or host name; "" means every interface) and `port` (0: any
+// free port, see bound_port).
+Socket listen_tcp(const std::string& address, int port);
+int bound_port(const Socket& listener);
 // Retries refused connections until the deadline; returns an invalid socket on timeout.
 Socket connect_tcp(const std::string& host, int port, Deadline deadline);
 // Waits for a connection on a listening socket; invalid socket on timeout.

@@ -2,7 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "interlace/api/tensor.h"
+#include "interlace/base/tensor.h"
 #include "interlace/ops/all_gather/plan.h"
 #include "interlace/runtime/group.h"
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "interlace/api/tensor.h"
+#include "interlace/base/tensor.h"
 
 namespace interlace {
 

@@ -1,4 +1,4 @@
-#include "interlace/api/tensor.h"
+#include "interlace/base/tensor.h"
 
 #include "interlace/base/error.h"
 
