@@ -72,3 +72,16 @@ const DriverApi& driver() {
 }
 
 }  // namespace interlace
+
+namespace interlace {
+
+DeviceGuard::DeviceGuard(int device) {
+  IL_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ != device) IL_CUDA_CHECK(cudaSetDevice(device));
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0) cudaSetDevice(previous_);
+}
+
+}  // namespace interlace

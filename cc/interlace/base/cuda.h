@@ -33,6 +33,19 @@ const DriverApi& driver();
 // Number of visible CUDA devices; raises "no CUDA GPU is present" when there are none.
 int require_gpus();
 
+// Makes `device` current for its lifetime and then restores the caller's current device: library
+// calls never leave the caller on another GPU.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
 namespace detail {
 [[noreturn]] void raise_cuda(const char* file, int line, const char* expr, cudaError_t err);
 [[noreturn]] void raise_cu(const char* file, int line, const char* expr, CUresult err);
