@@ -21,21 +21,27 @@ def human_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def time_launches(fn, n: int) -> list:
+    """Milliseconds of each of n back-to-back launches of fn, from CUDA events recorded between them
+    (on the current stream; synchronizes at the end)."""
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+    events[0].record()
+    for i in range(n):
+        fn()
+        events[i + 1].record()
+    torch.cuda.synchronize()
+    return [events[i].elapsed_time(events[i + 1]) for i in range(n)]
+
+
 def time_op(fn, warmup: int, iters: int, collective: bool = True) -> float:
-    """Median milliseconds of one launch of fn, timed with CUDA events between back-to-back launches.
-    For a collective, all ranks meet first and the slowest rank's median counts."""
+    """Median milliseconds of one launch of fn over iters launches. For a collective, all ranks meet
+    first and the slowest rank's median counts."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     if collective:
         dist.barrier()
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
-    events[0].record()
-    for i in range(iters):
-        fn()
-        events[i + 1].record()
-    torch.cuda.synchronize()
-    median = statistics.median(events[i].elapsed_time(events[i + 1]) for i in range(iters))
+    median = statistics.median(time_launches(fn, iters))
     if not collective:
         return median
     t = torch.tensor([median], device="cuda", dtype=torch.float64)
@@ -54,13 +60,7 @@ def time_interleaved(fns: dict, warmup: int, iters: int, rounds: int = 5) -> dic
     per_round = max(1, iters // rounds)
     for _ in range(rounds):
         for label, fn in fns.items():
-            events = [torch.cuda.Event(enable_timing=True) for _ in range(per_round + 1)]
-            events[0].record()
-            for i in range(per_round):
-                fn()
-                events[i + 1].record()
-            torch.cuda.synchronize()
-            times[label] += [events[i].elapsed_time(events[i + 1]) for i in range(per_round)]
+            times[label] += time_launches(fn, per_round)
     return {label: statistics.median(t) for label, t in times.items()}
 
 
