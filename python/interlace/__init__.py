@@ -7,7 +7,9 @@
 
 Ops take any DLPack tensor (PyTorch, CuPy, JAX inputs, or interlace's own) and a CUDA stream
 handle; with stream=None they use the current stream of the framework the tensors come from.
-After synchronizing, group.check() raises interlace.Error if a peer never arrived.
+After synchronizing, group.check() raises interlace.Error if the group was aborted (a rank died,
+ranks called different ops, a wait timed out, or group.abort()). Ops of one group run one after
+another on the GPU, whichever streams they are issued on.
 """
 from interlace import _frameworks
 from interlace._interlace import Bootstrap, Error, Group, gpu_count
@@ -18,12 +20,16 @@ __version__ = "0.1.0"
 
 
 def init(*, rank=None, world_size=None, master_addr=None, master_port=None, secret=None, device=None,
-         heap_bytes=1 << 30, timeout_s=10.0, bootstrap_timeout_s=60.0, node_name=None) -> Group:
+         heap_bytes=1 << 30, timeout_s=300.0, heartbeat_timeout_s=30.0, bootstrap_timeout_s=60.0,
+         node_name=None) -> Group:
     """Joins the job's other processes and returns the Group (collective: every rank calls it).
 
     Unset arguments come from the launcher's environment (torchrun, mpirun, srun; see DESIGN.md).
     heap_bytes: size of this rank's symmetric heap (equal on every rank).
-    timeout_s: how long a GPU wait for a peer may last before the op fails.
+    timeout_s: how long a GPU wait for a peer may last before the group aborts. A last resort: a dead
+      rank is noticed within a second through its closed connection, and then every rank's kernels stop.
+    heartbeat_timeout_s: a rank from which nothing arrives for this long (its host is down) is taken
+      for dead. Heartbeats come from a thread of their own: a slow or busy rank is never taken for dead.
     device: the CUDA device; default is the launcher's local rank.
     node_name: ranks with the same name share NVLink; default is the hostname.
     """
@@ -36,6 +42,7 @@ def init(*, rank=None, world_size=None, master_addr=None, master_port=None, secr
         device=-1 if device is None else device,
         heap_bytes=heap_bytes,
         timeout_s=timeout_s,
+        heartbeat_timeout_s=heartbeat_timeout_s,
         bootstrap_timeout_s=bootstrap_timeout_s,
         node_name=node_name or "",
     )

@@ -146,8 +146,17 @@ NB_MODULE(_interlace, m) {
       .def_prop_ro("num_nodes", [](const Group& g) { return g.topology().num_nodes; })
       .def_prop_ro("device", &Group::device)
       .def_prop_ro("heap_bytes", [](Group& g) { return g.heap().usable_bytes(); })
-      .def("check", &Group::check,
-           "Raises interlace.Error if a kernel of this group timed out waiting for a peer. Call after synchronizing.")
+      .def("check", [](Group& g) {
+        nb::gil_scoped_release release;
+        g.check();
+      }, "Raises interlace.Error if the group is aborted (a dead rank, a device wait that timed out, ranks that called "
+         "different ops, group.abort()), naming the rank, the op and the flag; or, once, if a kernel skipped an op call "
+         "because another rank's call of it failed its checks. Call after synchronizing.")
+      .def("abort", [](Group& g, const std::string& why) {
+        nb::gil_scoped_release release;
+        g.abort(why);
+      }, "why"_a = "", "Aborts the group on every rank (like ncclCommAbort): running and queued kernels stop without "
+         "touching peers, and every later call raises. It cannot be undone.")
       .def("barrier", [](Group& g) {
         nb::gil_scoped_release release;
         g.bootstrap().barrier();
@@ -183,7 +192,8 @@ NB_MODULE(_interlace, m) {
 
   m.def("_init",
         [](int rank, int world_size, std::string master_addr, int master_port, std::string secret, int device,
-           size_t heap_bytes, double timeout_s, double bootstrap_timeout_s, std::string node_name) {
+           size_t heap_bytes, double timeout_s, double heartbeat_timeout_s, double bootstrap_timeout_s,
+           std::string node_name) {
           GroupOptions o;
           o.bootstrap.rank = rank;
           o.bootstrap.world_size = world_size;
@@ -194,12 +204,13 @@ NB_MODULE(_interlace, m) {
           o.device = device;
           o.heap_bytes = heap_bytes;
           o.timeout_s = timeout_s;
+          o.heartbeat_timeout_s = heartbeat_timeout_s;
           o.node_name = std::move(node_name);
           nb::gil_scoped_release release;
           return std::make_shared<Group>(o);
         },
         nb::kw_only(), "rank"_a, "world_size"_a, "master_addr"_a, "master_port"_a, "secret"_a, "device"_a,
-        "heap_bytes"_a, "timeout_s"_a, "bootstrap_timeout_s"_a, "node_name"_a);
+        "heap_bytes"_a, "timeout_s"_a, "heartbeat_timeout_s"_a, "bootstrap_timeout_s"_a, "node_name"_a);
 
   m.def("all_gather",
         [](nb::ndarray<> out, nb::ndarray<nb::ro> inp, Group& group, uintptr_t stream, int num_blocks,

@@ -1,7 +1,6 @@
 """One rank of an all_gather GPU test scenario (see test_all_gather.py). Exits non-zero on failure."""
 import os
 import sys
-import time
 
 import torch
 
@@ -166,7 +165,8 @@ def scenario_validation():
     # Sizes that differ across ranks: each rank learns of it before any GPU work.
     m = 256 + RANK
     expect_error(lambda: interlace.all_gather(torch.empty(WORLD * m, device="cuda"), torch.ones(m, device="cuda"), group),
-                 "differ across ranks")
+                 "different op calls")
+    expect_error(lambda: interlace.all_gather(out, out[:n], group), "overlap")
     expect_error(lambda: group.empty((1 << 40,), "float32"), "heap is too small")
     expect_error(lambda: interlace.init(heap_bytes=(4 << 20) + RANK * (2 << 20)), "heap sizes differ across ranks")
     torch.cuda.synchronize()
@@ -175,43 +175,11 @@ def scenario_validation():
     print(f"rank {RANK}: bad arguments rejected before GPU work")
 
 
-def scenario_timeout(peer_dies=False):
-    group = interlace.init(heap_bytes=4 << 20, timeout_s=2.0)
-    n = 1 << 20
-    inp = torch.ones(n, dtype=torch.bfloat16, device="cuda")
-    out = torch.empty(WORLD * n, dtype=torch.bfloat16, device="cuda")
-    interlace.all_gather(out, inp, group)  # a good call first: the flags' epochs advance
-    torch.cuda.synchronize()
-    group.check()
-    if RANK == 1:
-        if peer_dies:
-            os._exit(0)  # no clean-up: like a crash
-        group.barrier()  # stays alive, never calls all_gather again; waits for rank 0 to finish
-        return
-    if RANK != 0:
-        if not peer_dies:
-            group.barrier()
-        return
-    # Rank 0 alone; the cross-rank check passed on the first call, so the kernel is launched.
-    start = time.monotonic()
-    interlace.all_gather(out, inp, group)
-    torch.cuda.synchronize()
-    elapsed = time.monotonic() - start
-    message = expect_error(group.check, "rank 0", "all_gather", "timed out", "'ready'", "expected >=")
-    assert elapsed < 2.0 + 5.0, f"the timeout took {elapsed:.1f} s"
-    expect_error(lambda: interlace.all_gather(out, inp, group), "unusable")
-    print(f"rank 0: timed out as expected after {elapsed:.2f} s: {message}")
-    if not peer_dies:
-        group.barrier()
-
-
 SCENARIOS = {
     "sizes": scenario_sizes,
     "frameworks": scenario_frameworks,
     "graph": scenario_graph,
     "validation": scenario_validation,
-    "timeout": scenario_timeout,
-    "dead_peer": lambda: scenario_timeout(peer_dies=True),
 }
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-// Release/acquire flags between GPUs and a bounded wait that records what it waited for.
+// Release/acquire flags between GPUs, and a bounded wait that also stops when the group is aborted.
 #pragma once
 
 #include <cstdint>
@@ -23,49 +23,64 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
   return t;
 }
 
-// Where a wait happens, for the fault record.
-struct WaitSite {
+__device__ __forceinline__ bool aborted(const HostControl* control) {
+  return *reinterpret_cast<const volatile int32_t*>(&control->abort) != 0;
+}
+
+// Who waits, for the fault record, and what stops a wait.
+struct WaitContext {
   int32_t rank;
   OpId op;
-  FlagId flag;
-  int32_t block;
-  int32_t peer_local_rank;
+  SignalPad* pad;          // this rank's pad (for the fault claim)
+  HostControl* control;    // mapped host memory
+  uint64_t timeout_ns;     // last resort: a wait this long means a peer is stuck, not slow
 };
 
-// Records the first timeout of this launch into `fault` (pinned host memory). Later ones are dropped.
-__device__ inline void record_timeout(SignalPad* pad, DeviceFault* fault, const WaitSite& site,
-                                      uint64_t expected, uint64_t seen, uint64_t waited_ns) {
-  if (atomicCAS(&pad->fault_claimed, 0u, 1u) != 0u) return;
-  volatile DeviceFault* f = fault;
-  f->rank = site.rank;
-  f->op = static_cast<int32_t>(site.op);
-  f->flag = static_cast<int32_t>(site.flag);
-  f->block = site.block;
-  f->peer_local_rank = site.peer_local_rank;
-  f->expected = expected;
-  f->seen = seen;
-  f->waited_ns = waited_ns;
-  __threadfence_system();
-  f->code = 1;
+// Records the first fault of the group into the host control block, `code` last. A timeout or a
+// mismatch also aborts the group: its flags are out of step from then on.
+__device__ inline void record_fault(const WaitContext& ctx, FaultCode code, FlagId flag, int peer_local_rank,
+                                    uint64_t expected, uint64_t seen, uint64_t waited_ns) {
+  if (atomicCAS(&ctx.pad->ops.fault_claimed, 0u, 1u) == 0u) {
+    volatile DeviceFault* f = &ctx.control->fault;
+    f->rank = ctx.rank;
+    f->op = static_cast<int32_t>(ctx.op);
+    f->flag = static_cast<int32_t>(flag);
+    f->block = static_cast<int32_t>(blockIdx.x);
+    f->peer_local_rank = peer_local_rank;
+    f->expected = expected;
+    f->seen = seen;
+    f->waited_ns = waited_ns;
+    __threadfence_system();
+    f->code = static_cast<int32_t>(code);
+  }
+  if (code != FaultCode::kAborted) {
+    __threadfence_system();
+    *reinterpret_cast<volatile int32_t*>(&ctx.control->abort) = 1;
+  }
   __threadfence_system();
 }
 
-// Spins until *flag >= expected. Returns false, after recording a fault, if that takes longer than
-// timeout_ns. Called by one thread.
-__device__ inline bool wait_at_least(const uint64_t* flag, uint64_t expected, const WaitSite& site,
-                                     SignalPad* pad, DeviceFault* fault, uint64_t timeout_ns) {
+// Spins until *flag >= expected and returns the value seen. Returns 0 instead (a flag value no wait
+// expects), after recording why, if the group is aborted or the wait outlasts the timeout. Called
+// by one thread.
+__device__ inline uint64_t wait_at_least(const uint64_t* flag, uint64_t expected, const WaitContext& ctx, FlagId id,
+                                         int peer_local_rank) {
   uint64_t seen = load_acquire_sys(flag);
-  if (seen >= expected) return true;
+  if (seen >= expected) return seen;
   const uint64_t start = global_timer_ns();
   while (true) {
     for (int i = 0; i < 64; ++i) {
       seen = load_acquire_sys(flag);
-      if (seen >= expected) return true;
+      if (seen >= expected) return seen;
     }
     const uint64_t waited = global_timer_ns() - start;
-    if (waited > timeout_ns) {
-      record_timeout(pad, fault, site, expected, seen, waited);
-      return false;
+    if (aborted(ctx.control)) {
+      record_fault(ctx, FaultCode::kAborted, id, peer_local_rank, expected, seen, waited);
+      return 0;
+    }
+    if (waited > ctx.timeout_ns) {
+      record_fault(ctx, FaultCode::kTimeout, id, peer_local_rank, expected, seen, waited);
+      return 0;
     }
   }
 }

@@ -5,13 +5,14 @@ namespace interlace {
 const char* op_name(OpId op) {
   switch (op) {
     case OpId::kAllGather: return "all_gather";
+    case OpId::kCancel: return "a cancelled call";
     default: return "unknown op";
   }
 }
 
 const char* flag_name(FlagId flag) {
   switch (flag) {
-    case FlagId::kReady: return "ready";
+    case FlagId::kHello: return "hello";
     case FlagId::kDone: return "done";
     default: return "unknown flag";
   }

@@ -1,39 +1,68 @@
-// Layout of the flags that kernels exchange, shared by host and device code.
+// What kernels and the host share: the signal pad at the start of every rank's heap, and the host
+// control block in pinned, mapped host memory.
 //
-// Every rank's symmetric heap starts with one SignalPad, so a peer's flag lives at the same offset
-// in the peer's heap. Flag values are per-block epochs that only grow: a wait is "flag >= epoch",
-// which stays true when a peer has already moved on to its next launch.
+// A peer's flag lives at the same offset in the peer's heap. The pad holds the group's op handshake
+// (OpSignals) and hands each op a region for its own flags; an op's flag layout lives with the op
+// (ops/<op>/flags.h). Flag values only grow, so a wait is "flag >= value", which stays true when a
+// peer has already moved on to its next launch, and a captured CUDA graph replays correctly.
 #pragma once
 
 #include <cstdint>
+
+#if defined(__CUDACC__)
+#define IL_HOST_DEVICE __host__ __device__
+#else
+#define IL_HOST_DEVICE
+#endif
 
 namespace interlace {
 
 // Ranks that share an NVLink domain (a node, or an NVL72 rack). Flags are indexed by local rank.
 constexpr int kMaxLocalRanks = 72;
-// CTAs one op may use; flags are kept per CTA so that CTAs never wait on each other.
+// CTAs one op may use; op flags are kept per CTA so that CTAs never wait on each other.
 constexpr int kMaxBlocks = 1024;
 
-enum class OpId : int32_t { kNone = 0, kAllGather = 1 };
-enum class FlagId : int32_t { kNone = 0, kReady = 1, kDone = 2 };
+enum class OpId : int32_t { kNone = 0, kAllGather = 1, kCancel = 2 };
+enum class FlagId : int32_t { kNone = 0, kHello = 1, kDone = 2 };
 
-struct AllGatherFlags {
-  uint64_t ready[kMaxBlocks][kMaxLocalRanks];  // [b][q]: peer q's CTA b may write into this rank (launch epoch)
-  uint64_t done[kMaxBlocks][kMaxLocalRanks];   // [b][q]: rounds of peer q's CTA b that have landed here
-  uint64_t epoch[kMaxBlocks];                  // local: launches completed by CTA b
-  uint64_t seq[kMaxBlocks];                    // local: rounds completed by CTA b, over all launches
+// The handshake every op kernel makes on entry (device/op_sequence.cuh). Ops of a group run one
+// after another on each rank (Group chains them), so a device counter numbers them; a kernel for op
+// number s publishes (s << kSignatureBits | signature) to every peer and waits for theirs, so ranks
+// that run different ops or arguments stop before moving any data.
+constexpr int kSignatureBits = 24;
+constexpr uint64_t kSignatureMask = (uint64_t{1} << kSignatureBits) - 1;
+constexpr uint64_t kCancelSignature = kSignatureMask;  // "my call of this op failed its checks"
+
+struct OpSignals {
+  // [s % 2][q]: what rank q published for its op number s. Two slots: a peer can be at most one op
+  // ahead (it cannot finish op s + 1 without this rank's hello for it), so it never overwrites a
+  // hello this rank has yet to read.
+  uint64_t hello[2][kMaxLocalRanks];
+  uint64_t completed;      // local: ops this rank's kernels have finished
+  uint32_t exited;         // local: CTAs of the running op that have finished it
+  uint32_t fault_claimed;  // local: the first CTA to fail claims the fault record
 };
+
+constexpr uint64_t kOpRegionBytes = uint64_t{1} << 20;
+constexpr int kNumOpRegions = 2;  // index by OpId; grows with the ops
 
 struct SignalPad {
-  uint32_t fault_claimed;  // local: the first CTA to time out claims the fault record
-  uint32_t pad_[3];
-  AllGatherFlags all_gather;
+  OpSignals ops;
+  alignas(256) unsigned char regions[kNumOpRegions][kOpRegionBytes];
 };
 
-// What a kernel whose bounded wait expired saw. It lives in pinned host memory so the host can read
-// it without any CUDA call; `code` is written last.
+// The flags of op `op` in a pad. Flags must fit the region (checked where Flags is defined).
+template <class Flags>
+IL_HOST_DEVICE inline Flags* op_flags(SignalPad* pad, OpId op) {
+  static_assert(sizeof(Flags) <= kOpRegionBytes, "an op's flags must fit its region of the signal pad");
+  return reinterpret_cast<Flags*>(pad->regions[static_cast<int>(op) % kNumOpRegions]);
+}
+
+enum class FaultCode : int32_t { kNone = 0, kTimeout = 1, kAborted = 2, kMismatch = 3 };
+
+// What a kernel that stopped early saw, written before `code`.
 struct DeviceFault {
-  int32_t code;  // 0: none; 1: timeout
+  int32_t code;  // FaultCode
   int32_t rank;  // global rank of the waiting process
   int32_t op;    // OpId
   int32_t flag;  // FlagId
@@ -42,6 +71,14 @@ struct DeviceFault {
   uint64_t expected;
   uint64_t seen;
   uint64_t waited_ns;
+};
+
+// In pinned host memory mapped into the device: the host's way to stop kernels that are running or
+// queued (a CUDA graph included), and the kernels' way to report why they stopped.
+struct HostControl {
+  int32_t abort;      // sticky: nonzero once the group is aborted; kernels check it on entry and in every wait
+  int32_t cancelled;  // a kernel skipped its op because a peer's call of it failed its checks
+  DeviceFault fault;  // the first fault of this group
 };
 
 const char* op_name(OpId op);

@@ -2,12 +2,15 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 
 #include "interlace/base/cuda.h"
 #include "interlace/runtime/launch_env.h"
 
 namespace interlace {
+using detail::concat;
 
 Group::Group(GroupOptions options) : options_(std::move(options)) {
   int num_devices = require_gpus();
@@ -31,7 +34,7 @@ Group::Group(GroupOptions options) : options_(std::move(options)) {
   }
   IL_CHECK(device_ < num_devices, "rank ", topo_.rank, " wants GPU ", device_, " but this process sees ", num_devices,
            " GPU(s); pass device= or start one process per GPU");
-  IL_CUDA_CHECK(cudaSetDevice(device_));
+  DeviceGuard guard(device_);
   IL_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
 
   // Two processes on one GPU would make the heap's peer mappings alias; refuse it early.
@@ -41,48 +44,85 @@ Group::Group(GroupOptions options) : options_(std::move(options)) {
              " both use GPU ", device_, " of node ", options_.node_name, "; use one process per GPU");
   }
 
-  IL_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&fault_host_), sizeof(DeviceFault), cudaHostAllocMapped));
-  *fault_host_ = DeviceFault{};
-  IL_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&fault_device_), fault_host_, 0));
+  IL_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&control_host_), sizeof(HostControl), cudaHostAllocMapped));
+  *control_host_ = HostControl{};
+  IL_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&control_device_), control_host_, 0));
+  IL_CUDA_CHECK(cudaEventCreateWithFlags(&last_op_, cudaEventDisableTiming));
+  watchdog_ = std::make_unique<Watchdog>(*bootstrap_, &control_host_->abort, [this] { return describe_abort(); },
+                                         options_.heartbeat_timeout_s);
   heap_ = std::make_unique<SymmetricHeap>(*bootstrap_, topo_, device_, options_.heap_bytes);
 }
 
 Group::~Group() {
   // Peers may still read our heap until they are done: meet them before unmapping. A peer that is
   // already gone must not turn this into a hang or an exception.
+  const bool aborted = control_host_ && control_host_->abort;
   try {
-    if (broken_.empty()) bootstrap_->barrier();
+    if (!aborted) bootstrap_->barrier();
   } catch (...) {
   }
+  // The heap's teardown waits for this GPU's kernels; the watchdog stays until then, so that a
+  // kernel waiting on a dead peer is stopped rather than left to its timeout.
   heap_.reset();
-  if (fault_host_) cudaFreeHost(fault_host_);
+  watchdog_.reset();
+  if (last_op_) cudaEventDestroy(last_op_);
+  if (control_host_) cudaFreeHost(control_host_);
+}
+
+std::string Group::describe_abort() {
+  const volatile DeviceFault& f = control_host_->fault;
+  std::string device;
+  if (f.code != 0) {
+    const auto peer = f.peer_local_rank;
+    const int peer_rank = peer >= 0 && peer < topo_.local_size() ? topo_.local_ranks[peer] : -1;
+    const auto code = static_cast<FaultCode>(f.code);
+    const std::string where = concat(op_name(static_cast<OpId>(f.op)), " on rank ", f.rank, " (block ", f.block,
+                                     ") waited for flag '", flag_name(static_cast<FlagId>(f.flag)), "' of rank ",
+                                     peer_rank);
+    if (code == FaultCode::kTimeout) {
+      device = concat(where, " and timed out after ", f.waited_ns / 1e9, " s: expected >= ", f.expected, ", saw ",
+                      f.seen, ". That peer is stuck, or not calling the same op");
+    } else if (code == FaultCode::kMismatch) {
+      device = concat(where, " and found another op or other arguments there (op #", f.expected >> kSignatureBits,
+                      ": signature ", f.expected & kSignatureMask, " here, ", f.seen & kSignatureMask,
+                      " there): ranks must call the same ops, in the same order, with the same arguments");
+    } else {
+      device = concat(where, " when the group was aborted");
+    }
+  }
+  const std::string host = watchdog_ ? watchdog_->abort_reason() : std::string();
+  if (host.empty()) return device.empty() ? "aborted" : device;
+  return device.empty() || host.find(device) != std::string::npos ? host : concat(host, "; ", device);
 }
 
 void Group::check() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
   IL_CHECK(broken_.empty(), broken_);
-  volatile DeviceFault* f = fault_host_;
-  if (f->code == 0) return;
-  const auto peer = f->peer_local_rank;
-  const int peer_rank = peer >= 0 && peer < topo_.local_size() ? topo_.local_ranks[peer] : -1;
-  broken_ = detail::concat(
-      "rank ", f->rank, ": ", op_name(static_cast<OpId>(f->op)), " timed out after ", f->waited_ns / 1e9,
-      " s waiting for flag '", flag_name(static_cast<FlagId>(f->flag)), "' of rank ", peer_rank, " (block ", f->block,
-      "): expected >= ", f->expected, ", saw ", f->seen,
-      ". That peer is dead, stuck, or not calling the same op. The group is unusable now: create a new one.");
-  IL_FAIL(broken_);
+  volatile HostControl* c = control_host_;
+  if (c->abort) {
+    broken_ = concat("rank ", topo_.rank, ": the group is aborted: ", describe_abort(),
+                     ". It stays unusable: every later call raises; create a new group.");
+    IL_FAIL(broken_);
+  }
+  if (c->cancelled) {
+    c->cancelled = 0;
+    // The kernel can learn of the cancel before the watchdog's message with the reason arrives.
+    std::string why = watchdog_->take_cancel_reason();
+    for (int i = 0; i < 200 && why.empty(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      why = watchdog_->take_cancel_reason();
+    }
+    IL_FAIL("rank ", topo_.rank, ": an op call was skipped on the GPU because another rank's call of it failed: ",
+            why.empty() ? "(no reason arrived)" : why, ". The group is still usable.");
+  }
 }
 
-void Group::require_same_across_ranks(const std::string& signature) {
-  if (verified_.count(signature)) return;
-  auto all = bootstrap_->all_gather(signature);
-  for (int r = 0; r < topo_.world_size; ++r) {
-    IL_CHECK(all[r] == signature, "arguments differ across ranks: rank ", topo_.rank, " called ", signature,
-             " but rank ", r, " called ", all[r]);
-  }
-  verified_.insert(signature);
+void Group::abort(const std::string& why) {
+  watchdog_->abort(why.empty() ? concat("group.abort() was called on rank ", topo_.rank) : why);
 }
 
 size_t Group::allocate(size_t bytes, const std::string& what) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
   size_t offset = heap_->allocator().allocate(bytes, what.c_str());
   auto all = bootstrap_->all_gather(std::to_string(offset) + ":" + std::to_string(bytes));
   for (int r = 0; r < topo_.world_size; ++r) {
@@ -95,10 +135,15 @@ size_t Group::allocate(size_t bytes, const std::string& what) {
   return offset;
 }
 
+void Group::free(size_t offset) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  heap_->allocator().free(offset);
+}
+
 size_t Group::scratch(size_t bytes, const char* what) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (bytes <= scratch_bytes_) return scratch_offset_;
-  if (scratch_bytes_) heap_->allocator().free(scratch_offset_);
-  scratch_bytes_ = 0;
+  // The old block stays allocated: a captured graph may still use it.
   scratch_offset_ = heap_->allocator().allocate(bytes, what, /*from_top=*/true);
   scratch_bytes_ = bytes;
   return scratch_offset_;

@@ -1,16 +1,26 @@
-// A Group is the job's processes (one per GPU) with their bootstrap, topology, symmetric heap and
-// the fault record that device waits write to. Ops take a Group.
+// A Group is the job's processes (one per GPU) with their bootstrap, topology, symmetric heap,
+// watchdog and the host control block that kernels read and write. Ops take a Group.
+//
+// Faults: a dead rank, a device wait that times out, ranks that call different ops, or
+// group.abort() abort the group on every rank. Aborted is sticky: running and queued kernels (a
+// CUDA graph included) stop without storing into peers, and every later call raises.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
+#include <list>
 #include <memory>
-#include <set>
+#include <mutex>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "interlace/device/signal_pad.h"
 #include "interlace/runtime/bootstrap.h"
 #include "interlace/runtime/symmetric_heap.h"
 #include "interlace/runtime/topology.h"
+#include "interlace/runtime/watchdog.h"
 
 namespace interlace {
 
@@ -18,7 +28,12 @@ struct GroupOptions {
   BootstrapOptions bootstrap;
   int device = -1;                     // CUDA device; default: the launcher's local rank, else the node-local index
   size_t heap_bytes = size_t{1} << 30;
-  double timeout_s = 10.0;             // how long a device wait may last before the op fails
+  // A device wait this long means a peer is stuck rather than slow. Dead peers are caught sooner,
+  // by the watchdog; this is the last resort.
+  double timeout_s = 300.0;
+  // A rank from which nothing (not even the watchdog's heartbeat, sent every second) arrives for
+  // this long is taken for dead. Process deaths are seen at once, through the closed connection.
+  double heartbeat_timeout_s = 30.0;
   std::string node_name;               // ranks with the same name share NVLink; default: the hostname
 };
 
@@ -37,37 +52,50 @@ class Group {
   uint64_t timeout_ns() const { return static_cast<uint64_t>(options_.timeout_s * 1e9); }
   Bootstrap& bootstrap() { return *bootstrap_; }
   SymmetricHeap& heap() { return *heap_; }
-  DeviceFault* device_fault() const { return fault_device_; }
+  HostControl* device_control() const { return control_device_; }
 
-  // Raises if a kernel of this group has timed out (naming rank, op, flag, expected, seen), or if one
-  // did earlier. Ops call it before launching; callers call it after synchronizing.
+  // Raises if the group is aborted (naming the rank, the op and the flag where a kernel stopped, or
+  // the rank that died), or if a kernel skipped an op call because a peer's call of it failed its
+  // argument checks (reported once; the group stays usable). Ops call it first; callers call it
+  // after synchronizing.
   void check();
-
-  // Raises unless every rank passes the same `signature` (op name and arguments). Each signature is
-  // exchanged once, on its first use; later calls are a lookup.
-  void require_same_across_ranks(const std::string& signature);
+  // Aborts the group on every rank, like ncclCommAbort: kernels stop, later calls raise.
+  void abort(const std::string& why = "");
 
   // A symmetric allocation for the caller; the offset is checked equal on every rank.
   size_t allocate(size_t bytes, const std::string& what);
-  void free(size_t offset) { heap_->allocator().free(offset); }
+  void free(size_t offset);
 
-  // Symmetric scratch of at least `bytes` that ops may use for staging; grown on demand. `what`
-  // completes the error when the heap is too small. Growing frees the old block at once, on the
-  // host: ops still in flight may use it, so only stream-ordered work may touch memory allocated
-  // from the heap right after a growth (the usual case; a host write there could race).
+  // Symmetric scratch of at least `bytes` for ops' staging. Grown on demand, never moved or freed
+  // while the group lives (a captured graph may still use an old block): an op's scratch offset is
+  // part of its signature, so ranks agree on it.
   size_t scratch(size_t bytes, const char* what);
 
  private:
+  friend class OpCall;
+  std::string describe_abort();
+
   GroupOptions options_;
   std::unique_ptr<Bootstrap> bootstrap_;
   Topology topo_;
   int device_ = -1;
   int num_sms_ = 0;
   std::unique_ptr<SymmetricHeap> heap_;
-  DeviceFault* fault_host_ = nullptr;
-  DeviceFault* fault_device_ = nullptr;
-  std::string broken_;  // set once a fault was reported: the flags are out of step after it
-  std::set<std::string> verified_;
+  HostControl* control_host_ = nullptr;
+  HostControl* control_device_ = nullptr;
+  std::unique_ptr<Watchdog> watchdog_;
+  std::string broken_;  // set once an abort was reported: the group stays unusable
+
+  // Ops are issued one at a time (the binding releases the GIL, so calls may come from many
+  // threads) and run one after another on the device: each waits for the previous op's event.
+  std::recursive_mutex mutex_;
+  cudaEvent_t last_op_ = nullptr;
+  uint64_t calls_ = 0;  // op calls so far, failed ones included: ranks number them alike
+  // Signatures every rank has agreed on, most recent first; bounded.
+  static constexpr size_t kMaxSignatures = 1024;
+  std::list<std::string> agreed_;
+  std::unordered_map<std::string, std::list<std::string>::iterator> agreed_index_;
+
   size_t scratch_offset_ = 0;
   size_t scratch_bytes_ = 0;
 };

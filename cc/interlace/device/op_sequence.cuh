@@ -1,0 +1,80 @@
+// How every op kernel starts and ends, so that ranks agree on what they run before moving data.
+//
+// On entry each CTA reads the group's sticky abort word (exit at once if set: queued launches and
+// the rest of a captured graph never store into peers after an abort), numbers the op from the
+// device counter OpSignals::completed, publishes (number, signature) to every peer and waits for
+// theirs. A peer with another signature is a mismatch (fault, abort); a peer whose call of this op
+// failed its argument checks published kCancelSignature, and every rank then skips the op but
+// still counts it, so the group stays usable. The last CTA to finish advances the counter.
+#pragma once
+
+#include <cstdint>
+
+#include "interlace/device/signal.cuh"
+#include "interlace/device/signal_pad.h"
+
+namespace interlace::device {
+
+enum OpStart : int { kRun = 0, kSkip = 1, kStop = 2 };
+
+struct OpEntry {
+  OpStart start;
+  uint64_t number;  // this op's number in the group's sequence (1, 2, ...)
+};
+
+// Called by all threads of every CTA, blockDim.x >= local_size. On kSkip call op_end and exit; on
+// kStop exit.
+template <class Transport>
+__device__ inline OpEntry op_begin(const Transport& t, const WaitContext& ctx, uint64_t signature) {
+  __shared__ int state;
+  __shared__ uint64_t number;
+  OpSignals& ops = t.my_pad()->ops;
+  if (threadIdx.x == 0) {
+    state = aborted(ctx.control) ? kStop : kRun;
+    number = *reinterpret_cast<volatile uint64_t*>(&ops.completed) + 1;
+  }
+  __syncthreads();
+  const bool stop = state == kStop;
+  const uint64_t n = number;
+  __syncthreads();  // everyone has read state before anyone changes it
+  if (stop) return {kStop, n};
+  const uint64_t word = n << kSignatureBits | signature;
+  const int q = threadIdx.x;
+  if (q < t.local_size && q != t.local_rank) {
+    uint64_t* slot = &ops.hello[n & 1][q];
+    t.signal(q, &ops.hello[n & 1][t.local_rank], word);
+    const uint64_t seen = t.wait(slot, n << kSignatureBits, ctx, FlagId::kHello, q);
+    const uint64_t theirs = seen & kSignatureMask;
+    if (seen == 0) {
+      atomicMax(&state, kStop);
+    } else if (signature == kCancelSignature) {
+      // A cancelled call only needs to know that every peer has reached this op.
+    } else if (theirs == kCancelSignature) {
+      atomicMax(&state, kSkip);
+    } else if (theirs != signature) {
+      record_fault(ctx, FaultCode::kMismatch, FlagId::kHello, q, word, seen, 0);
+      atomicMax(&state, kStop);
+    }
+  }
+  __syncthreads();
+  const OpStart start = static_cast<OpStart>(state);
+  if (start == kSkip && threadIdx.x == 0) *reinterpret_cast<volatile int32_t*>(&ctx.control->cancelled) = 1;
+  return {start, n};
+}
+
+// Called by all threads of every CTA that did not stop: the last CTA out counts the op as done.
+template <class Transport>
+__device__ inline void op_end(const Transport& t, uint64_t number) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    OpSignals& ops = t.my_pad()->ops;
+    __threadfence();
+    if (atomicAdd(&ops.exited, 1u) == gridDim.x - 1) {
+      ops.exited = 0;
+      *reinterpret_cast<volatile uint64_t*>(&ops.completed) = number;
+      __threadfence();
+    }
+  }
+}
+
+}  // namespace interlace::device

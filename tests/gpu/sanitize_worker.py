@@ -1,0 +1,32 @@
+"""Small shapes of every op, for compute-sanitizer (memcheck, racecheck): run one per rank by
+tools/sanitize. Exits non-zero on a wrong result; the sanitizer's own exit code reports hazards."""
+import os
+
+import torch
+
+import interlace
+import interlace.torch as itorch
+
+RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+group = interlace.init(heap_bytes=16 << 20)
+for n in (1, 7, 1000, 65536 + 5):
+    inp = torch.full((n,), RANK + 1, dtype=torch.bfloat16, device="cuda")
+    ref = torch.cat([torch.full((n,), q + 1, dtype=torch.bfloat16, device="cuda") for q in range(WORLD)])
+    for out in (torch.empty(WORLD * n, dtype=torch.bfloat16, device="cuda"),
+                itorch.empty(group, (WORLD * n,), torch.bfloat16)):
+        interlace.all_gather(out, inp, group)
+        torch.cuda.synchronize()
+        group.check()
+        assert torch.equal(out, ref), f"all_gather of {n}"
+        del out
+for m, n, k in ((1, 8, 8), (130, 136, 72), (257, 264, 200)):
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    interlace.gemm(a, b, out)
+    torch.cuda.synchronize()
+    err = ((out.float() - a.float() @ b.float()).norm() / (a.float() @ b.float()).norm()).item()
+    assert err < 1e-2, f"gemm {m}x{n}x{k}: relative error {err}"
+group.barrier()
+print(f"rank {RANK}: sanitizer workload correct")
