@@ -3,6 +3,8 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 # NVLink multicast can take shared GPUs down; interlace never uses it, and the baselines must not either.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -14,23 +16,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _drain(pipe, chunks):
+    with pipe:
+        for chunk in iter(lambda: pipe.read(1 << 16), ""):
+            chunks.append(chunk)
+
+
 def run_ranks(argv, world_size, timeout_s, extra_env=None):
-    """Runs `python argv...` as ranks 0..world_size-1; returns [(returncode, output)] by rank."""
+    """Runs `python argv...` as ranks 0..world_size-1; returns [(returncode, output)] by rank.
+    Ranks still running timeout_s after the start are all killed, and their output says so."""
     port = free_port()
-    procs = []
-    for rank in range(world_size):
-        env = dict(os.environ, **SAFE_ENV, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   PYTHONUNBUFFERED="1", **(extra_env or {}))
-        procs.append(subprocess.Popen([sys.executable, *argv], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    results = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, _ = p.communicate()
-            out += f"\n[launcher] killed after {timeout_s} s"
-        results.append((p.returncode, out))
-    return results
+    procs, outputs, readers = [], [], []
+    try:
+        for rank in range(world_size):
+            env = dict(os.environ, **SAFE_ENV, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                       PYTHONUNBUFFERED="1", **(extra_env or {}))
+            procs.append(subprocess.Popen([sys.executable, *argv], env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True, errors="replace"))
+            # Every pipe is read as it fills: a rank blocked on a full pipe that another rank waits for
+            # would otherwise deadlock them both.
+            outputs.append([])
+            readers.append(threading.Thread(target=_drain, args=(procs[-1].stdout, outputs[-1]), daemon=True))
+            readers[-1].start()
+        deadline = time.monotonic() + timeout_s
+        for p in procs:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        # Past the deadline (or on an error here), no rank outlives the run: peers of a hung rank
+        # would wait for it forever.
+        late = [p.poll() is None for p in procs]
+        for p, killed in zip(procs, late):
+            if killed:
+                p.kill()
+        for p in procs:
+            p.wait()
+        for t in readers:
+            t.join(timeout=10)  # a rank's child could hold the pipe open; take what came
+    return [(p.returncode, "".join(out) + (f"\n[launcher] killed after {timeout_s} s" if killed else ""))
+            for p, out, killed in zip(procs, outputs, late)]
