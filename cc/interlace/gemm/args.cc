@@ -17,6 +17,31 @@ int64_t stride_of(const TensorView& t, int i) {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// The bytes from a 2-D tensor's lowest element to the end of its highest; empty without elements.
+// In 128 bits: a DLPack view may claim any strides, and this runs before anything bounds them.
+struct ByteRange {
+  __int128 lo = 0, hi = 0;
+  bool empty() const { return lo == hi; }
+  bool overlaps(const ByteRange& o) const { return !empty() && !o.empty() && lo < o.hi && o.lo < hi; }
+};
+
+ByteRange byte_range(const TensorView& t, const char* name) {
+  ByteRange r;
+  if (t.shape[0] == 0 || t.shape[1] == 0) return r;
+  __int128 low = 0, high = 0;  // element offsets of the lowest and highest elements
+  for (int i = 0; i < 2; ++i) {
+    const __int128 reach = static_cast<__int128>(stride_of(t, i)) * (t.shape[i] - 1);
+    (reach < 0 ? low : high) += reach;
+  }
+  const auto base = static_cast<__int128>(reinterpret_cast<uintptr_t>(t.data));
+  const auto item = static_cast<__int128>(t.itemsize());
+  r.lo = base + low * item;
+  r.hi = base + (high + 1) * item;
+  IL_CHECK(r.lo >= 0 && r.hi <= (static_cast<__int128>(1) << 64), "gemm: ", name, " (", t.shape_string(),
+           ") has strides that reach outside the address space");
+  return r;
+}
+
 }  // namespace
 
 GemmProblem check_gemm_args(const TensorView& a, const TensorView& b, const TensorView& out, int device) {
@@ -35,13 +60,21 @@ GemmProblem check_gemm_args(const TensorView& a, const TensorView& b, const Tens
   IL_CHECK(b.shape[0] == p.k && out.shape[0] == p.m && out.shape[1] == p.n, "gemm: shapes do not chain: a ",
            a.shape_string(), " @ b ", b.shape_string(), " -> out ", out.shape_string(),
            " (b is [K, N]; for a Linear weight [N, K] pass weight.t())");
-  IL_CHECK(stride_of(a, 1) == 1 || p.k == 1, "gemm: a must be row-major (K contiguous)");
-  IL_CHECK(stride_of(out, 1) == 1 || p.n == 1, "gemm: out must be row-major (N contiguous)");
-  p.lda = stride_of(a, 0);
-  p.ldc = stride_of(out, 0);
-  // An empty product needs no layout: the launcher writes zeros or nothing.
-  const bool empty = p.m == 0 || p.n == 0 || p.k == 0;
-  if (!empty) {
+  IL_CHECK(p.m <= kMaxGemmDim && p.n <= kMaxGemmDim && p.k <= kMaxGemmDim,
+           "gemm: M, N and K must be at most 2^31 - 1024; got M = ", p.m, ", N = ", p.n, ", K = ", p.k);
+
+  // An operand without elements is neither read nor written: the launcher writes zeros (K = 0) or
+  // nothing (M or N = 0), so its strides do not matter.
+  if (p.m > 0 && p.k > 0) {
+    IL_CHECK(stride_of(a, 1) == 1 || p.k == 1, "gemm: a must be row-major (K contiguous)");
+    p.lda = stride_of(a, 0);
+    IL_CHECK(p.lda >= p.k, "gemm: a's rows overlap (row stride ", p.lda, " < K = ", p.k, ")");
+    IL_CHECK(p.lda < kMaxGemmRowStride, "gemm: a's row stride ", p.lda, " is beyond TMA's 2^40-byte limit");
+    // TMA reads rows that start on 16-byte boundaries.
+    IL_CHECK(p.lda % 8 == 0 && aligned16(a.data), "gemm: a's rows must be 16-byte aligned (K a multiple of 8); K = ",
+             p.k);
+  }
+  if (p.k > 0 && p.n > 0) {
     if (stride_of(b, 1) == 1 && p.n > 1) {
       p.b_k_major = false;
       p.ldb = stride_of(b, 0);
@@ -49,16 +82,31 @@ GemmProblem check_gemm_args(const TensorView& a, const TensorView& b, const Tens
       p.b_k_major = true;  // e.g. weight.t()
       p.ldb = stride_of(b, 1);
     } else {
-      IL_FAIL("gemm: b must be row-major [K, N] or column-major (weight.t() of a [N, K] weight); its strides are neither");
+      IL_FAIL("gemm: b must be row-major [K, N] or column-major (weight.t() of a [N, K] weight); its strides are",
+              " neither");
     }
-    IL_CHECK(p.lda >= p.k && p.ldc >= p.n && p.ldb >= (p.b_k_major ? p.k : p.n), "gemm: overlapping rows");
-    // TMA reads rows that start on 16-byte boundaries; the epilogue stores pairs of elements.
-    IL_CHECK(p.lda % 8 == 0 && aligned16(a.data), "gemm: a's rows must be 16-byte aligned (K a multiple of 8); K = ", p.k);
+    IL_CHECK(p.ldb >= (p.b_k_major ? p.k : p.n), "gemm: b's rows overlap (stride ", p.ldb, ")");
+    IL_CHECK(p.ldb < kMaxGemmRowStride, "gemm: b's stride ", p.ldb, " is beyond TMA's 2^40-byte limit");
     IL_CHECK(p.ldb % 8 == 0 && aligned16(b.data), "gemm: b's rows must be 16-byte aligned (",
              p.b_k_major ? "K" : "N", " a multiple of 8)");
-    IL_CHECK(p.ldc % 8 == 0 && aligned16(out.data), "gemm: out's rows must be 16-byte aligned (N a multiple of 8); N = ",
-             p.n);
   }
+  if (p.m > 0 && p.n > 0) {
+    IL_CHECK(stride_of(out, 1) == 1 || p.n == 1, "gemm: out must be row-major (N contiguous)");
+    p.ldc = stride_of(out, 0);
+    IL_CHECK(p.ldc >= p.n, "gemm: out's rows overlap (row stride ", p.ldc, " < N = ", p.n, ")");
+    IL_CHECK(p.ldc < kMaxGemmRowStride, "gemm: out's row stride ", p.ldc, " is beyond 2^39 elements");
+    // The epilogue stores pairs of elements; the zeros for K = 0 are a 2-D memset of whole rows.
+    IL_CHECK(p.ldc % 8 == 0 && aligned16(out.data),
+             "gemm: out's rows must be 16-byte aligned (N a multiple of 8); N = ", p.n);
+  }
+
+  // The kernel reads a and b while other CTAs already store out: any shared byte is a race.
+  const ByteRange out_bytes = byte_range(out, "out");
+  IL_CHECK(!out_bytes.overlaps(byte_range(a, "a")),
+           "gemm: out overlaps a in memory; write the product to a separate tensor");
+  IL_CHECK(!out_bytes.overlaps(byte_range(b, "b")),
+           "gemm: out overlaps b in memory; write the product to a separate tensor");
+
   for (const TensorView* t : {&a, &b, &out}) {
     IL_CHECK(t->device.device_type == kDLCUDA && t->device.device_id == device, "gemm: a tensor is on ",
              t->device_string(), " but the GPU is cuda:", device);

@@ -9,15 +9,24 @@ namespace interlace {
 
 enum class GemmDtype { kBf16, kF16 };
 
+// The kernel counts rows, columns and K in 32-bit integers, and its coordinates run up to a cluster
+// tile (256) past the edge and round K up to a whole k-tile (64): dimensions stay this far below 2^31.
+inline constexpr int64_t kMaxGemmDim = (int64_t{1} << 31) - 1024;
+// TMA descriptors take row strides below 2^40 bytes: 2^39 16-bit elements.
+inline constexpr int64_t kMaxGemmRowStride = int64_t{1} << 39;
+
 struct GemmProblem {
   int64_t m = 0, n = 0, k = 0;
   GemmDtype dtype = GemmDtype::kBf16;
   bool b_k_major = false;  // b is [K, N] with K contiguous (a Linear weight [N, K], passed as weight.t())
-  int64_t lda = 0, ldb = 0, ldc = 0;  // leading strides in elements
+  int64_t lda = 0, ldb = 0, ldc = 0;  // leading strides in elements; 0 for an operand without elements
 };
 
 // a: [M, K] row-major; b: [K, N], row-major or column-major (weight.t() of a [N, K] weight);
 // out: [M, N] row-major. bf16 or fp16, all alike, on CUDA `device`. Rows 16-byte aligned (TMA).
+// Dimensions up to kMaxGemmDim, row strides below kMaxGemmRowStride. An operand without elements
+// (K = 0, or M or N = 0) is never touched, so its layout is not checked. out's bytes may not overlap
+// a's or b's (byte ranges from the lowest to the highest element, so interleaved views count).
 GemmProblem check_gemm_args(const TensorView& a, const TensorView& b, const TensorView& out, int device);
 
 }  // namespace interlace
