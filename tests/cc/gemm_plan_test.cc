@@ -30,6 +30,59 @@ TEST(GemmTilePlan, BandsRunColumnByColumn) {
   EXPECT_THROW(banded_tile_order(grid, 0), Error);
 }
 
+// The kernel's closed form against the list built band by band.
+void expect_closed_form_matches(const TileGrid& grid, int band_m) {
+  const std::vector<int32_t> reference = banded_tile_order(grid, band_m);
+  const BandedOrder::Params params = BandedOrder::make(grid, band_m);
+  ASSERT_EQ(static_cast<int>(reference.size()), grid.num_tiles());
+  for (int32_t i = 0; i < grid.num_tiles(); ++i) {
+    int32_t m_idx = -1, n_idx = -1;
+    BandedOrder::tile(params, i, m_idx, n_idx);
+    ASSERT_EQ(m_idx * grid.tiles_n + n_idx, reference[i])
+        << "grid " << grid.tiles_m << " x " << grid.tiles_n << ", band " << band_m << ", position " << i;
+    ASSERT_TRUE(m_idx >= 0 && m_idx < grid.tiles_m && n_idx >= 0 && n_idx < grid.tiles_n);
+  }
+}
+
+TEST(GemmTilePlan, ClosedFormEqualsBandedOrderOnSmallGrids) {
+  // Every band height from 1 to past the grid, so last bands of every length, and 1 x N and N x 1.
+  for (int tiles_m = 1; tiles_m <= 24; ++tiles_m) {
+    for (int tiles_n = 1; tiles_n <= 24; ++tiles_n) {
+      for (int band = 1; band <= tiles_m + 2; ++band) expect_closed_form_matches(TileGrid{tiles_m, tiles_n}, band);
+    }
+  }
+}
+
+TEST(GemmTilePlan, ClosedFormEqualsBandedOrderOnLargeGrids) {
+  for (auto [tiles_m, tiles_n, band] :
+       {std::tuple{1, 4096, 8}, {4096, 1, 8}, {4096, 1, 1}, {1, 4096, 1}, {67, 57, 8}, {64, 56, 16}, {33, 1000, 16},
+        {1000, 33, 7}, {255, 255, 256}, {257, 129, 1000000}, {1024, 1024, 8}}) {
+    expect_closed_form_matches(TileGrid{tiles_m, tiles_n}, band);
+  }
+}
+
+TEST(GemmTilePlan, BandedOrderParamsClampTheBand) {
+  EXPECT_EQ(BandedOrder::make(TileGrid{5, 7}, 8).band_m, 5);
+  EXPECT_EQ(BandedOrder::make(TileGrid{5, 7}, 3).band_m, 3);
+  EXPECT_EQ(BandedOrder::make(TileGrid{0, 0}, 8).band_m, 1);  // an empty grid still divides by something
+  EXPECT_THROW(BandedOrder::make(TileGrid{5, 7}, 0), Error);
+  // A huge band on the largest grid: the band's tile count is the grid's, within 32 bits.
+  const BandedOrder::Params p = BandedOrder::make(TileGrid{1 << 15, 1 << 15}, 1 << 30);
+  int32_t m_idx, n_idx;
+  BandedOrder::tile(p, (1 << 30) - 1, m_idx, n_idx);
+  EXPECT_EQ(m_idx, (1 << 15) - 1);
+  EXPECT_EQ(n_idx, (1 << 15) - 1);
+}
+
+TEST(GemmTilePlan, TileCountsStayWithin32BitWalks) {
+  EXPECT_EQ(tile_grid(int64_t{1} << 22, int64_t{1} << 22, 128, 128).num_tiles(), 1 << 30);  // exactly the limit
+  EXPECT_THROW(tile_grid((int64_t{1} << 22) + 1, int64_t{1} << 22, 128, 128), Error);
+  EXPECT_THROW(tile_grid(int64_t{1} << 31, int64_t{1} << 31, 128, 256), Error);
+  EXPECT_THROW(tile_grid(INT64_MAX, INT64_MAX, 128, 256), Error);  // no overflow on the way to the answer
+  EXPECT_EQ(tile_grid(0, 1000, 128, 256).num_tiles(), 0);
+  EXPECT_EQ(tile_grid(2147482624, 8, 256, 128).tiles_m, 8388604);  // kMaxGemmDim rows in 2-CTA clusters
+}
+
 TEST(GemmTilePlan, NarrowTilesOnlyWhereWideOnesFillTheLastWavePoorly) {
   EXPECT_EQ(choose_tile_n(512, 4096, 132), 128);    // 64 wide tiles: half the GPU idle
   EXPECT_EQ(choose_tile_n(2048, 7168, 132), 128);   // 448 wide tiles: 3.4 waves

@@ -1,9 +1,7 @@
 #include "interlace/gemm/gemm.h"
 
-#include <map>
-#include <mutex>
-#include <tuple>
-#include <vector>
+#include <algorithm>
+#include <type_traits>
 
 #include "interlace/base/cuda.h"
 #include "interlace/gemm/args.h"
@@ -13,41 +11,14 @@
 namespace interlace {
 namespace {
 
-// Tile orders live in device memory, uploaded once per (device, grid, band) and kept for the life of
-// the process: a few bytes per tile, and a call may then be captured in a CUDA graph.
-class TileOrderCache {
- public:
-  const int32_t* get(int device, const TileGrid& grid, int band_m) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto key = std::make_tuple(device, grid.tiles_m, grid.tiles_n, band_m);
-    auto it = orders_.find(key);
-    if (it != orders_.end()) return it->second;
-    std::vector<int32_t> order = banded_tile_order(grid, band_m);
-    int32_t* d = nullptr;
-    IL_CUDA_CHECK(cudaMalloc(&d, order.size() * sizeof(int32_t)));
-    IL_CUDA_CHECK(cudaMemcpy(d, order.data(), order.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-    orders_[key] = d;
-    return d;
-  }
-
- private:
-  std::mutex mutex_;
-  std::map<std::tuple<int, int, int, int>, int32_t*> orders_;
-};
-
-TileOrderCache& tile_order_cache() {
-  static TileOrderCache cache;
-  return cache;
-}
-
 template <class Element, bool kBKMajor, int kTileN, int kClusterM, bool kPingpong>
 void launch(const GemmProblem& p, const TensorView& a, const TensorView& b, const TensorView& out,
-            cudaStream_t stream, const GemmTuning& tuning, int device, int num_sms) {
+            cudaStream_t stream, const GemmTuning& tuning, int num_sms) {
   using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, kPingpong>;
   using Mainloop = typename Config::Mainloop;
   using Epilogue = gemm_engine::StoreTile<Element>;
-  using Params = gemm_engine::GemmParams<Config, gemm_engine::NoInputWait, Epilogue>;
-  auto kernel = gemm_engine::sm90_gemm_kernel<Config, gemm_engine::NoInputWait, Epilogue>;
+  using Params = gemm_engine::GemmParams<Config, BandedOrder, gemm_engine::NoInputWait, Epilogue>;
+  auto kernel = gemm_engine::sm90_gemm_kernel<Config, BandedOrder, gemm_engine::NoInputWait, Epilogue>;
 
   typename Mainloop::StrideA stride_a{};
   cute::get<0>(stride_a) = p.lda;
@@ -61,19 +32,19 @@ void launch(const GemmProblem& p, const TensorView& a, const TensorView& b, cons
                                     static_cast<const Element*>(b.data), stride_b};
   const auto problem = cute::make_shape(static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), 1);
 
-  // The host's order is over cluster tiles: kClusterM tile rows that run together.
+  // The order is over cluster tiles: kClusterM tile rows that run together.
   const TileGrid grid = tile_grid(p.m, p.n, Config::kTileM * kClusterM, Config::kTileN);
   Params params{};
   params.mainloop = Mainloop::to_underlying_arguments(problem, args, nullptr);
   params.m = static_cast<int32_t>(p.m);
   params.n = static_cast<int32_t>(p.n);
   params.k = static_cast<int32_t>(p.k);
-  params.tile_order = tile_order_cache().get(device, grid, tuning.band_m);
+  params.order = BandedOrder::make(grid, tuning.band_m);
   params.num_tiles = grid.num_tiles();
-  params.tiles_n = grid.tiles_n;
   params.epilogue = {static_cast<Element*>(out.data), p.ldc};
 
   const int smem = static_cast<int>(sizeof(typename Config::SharedStorage));
+  // Fails, and so raises, where the build has no kernel image for this GPU.
   IL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const int ctas = std::min(grid.num_tiles(), num_sms / kClusterM) * kClusterM;
   cudaLaunchConfig_t launch_config{};
@@ -127,7 +98,7 @@ void gemm(const TensorView& a, const TensorView& b, const TensorView& out, cudaS
   // Ping-pong tiles are 128 x 128 (one warpgroup's accumulators); cooperative ones 128 x tile_n.
   auto run = [&](auto element, auto b_k_major, auto tile, auto cluster, auto pingpong) {
     launch<decltype(element), decltype(b_k_major)::value, decltype(tile)::value, decltype(cluster)::value,
-           decltype(pingpong)::value>(p, a, b, out, stream, tuning, device, num_sms);
+           decltype(pingpong)::value>(p, a, b, out, stream, tuning, num_sms);
   };
   auto by_cluster = [&](auto element, auto b_k_major, auto tile, auto pingpong) {
     tuning.cluster_m == 2 ? run(element, b_k_major, tile, std::integral_constant<int, 2>{}, pingpong)

@@ -13,6 +13,31 @@
 
 namespace interlace::gemm_engine {
 
+// How the two consumer warpgroups share the CTA's tiles. The consumer loop (one for both schedules)
+// asks it: which of the CTA's tiles a warpgroup takes (walker kWalkers of them, starting with
+// walker(group)), hence how far its pipeline state moves per tile (its own stages and the other
+// walkers'), and whether the warpgroups take turns at the mainloop and epilogue through MathOrder.
+//
+// Cooperative: both warpgroups work on every tile, 64 rows each, and release each stage together.
+struct CooperativeSchedule {
+  using Cutlass = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  static constexpr int kWalkers = 1;
+  static constexpr int kStageConsumers = 256;  // threads that release a pipeline stage
+  static constexpr bool kTakeTurns = false;
+  __device__ static constexpr int walker(int /*consumer_group*/) { return 0; }
+};
+
+// Ping-pong: each warpgroup takes every other tile, whole (128 rows), and they alternate at the
+// mainloop and at the epilogue, so that one warpgroup's epilogue runs while the other's wgmma keeps
+// the tensor cores busy.
+struct PingpongSchedule {
+  using Cutlass = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  static constexpr int kWalkers = 2;
+  static constexpr int kStageConsumers = 128;
+  static constexpr bool kTakeTurns = true;
+  __device__ static constexpr int walker(int consumer_group) { return consumer_group; }
+};
+
 // Element: cutlass::bfloat16_t or cutlass::half_t. kBKMajor: B is stored K-contiguous (a Linear
 // weight [N, K]); otherwise N-contiguous ([K, N] row-major). kTileN_: 256, or 128 where 256-wide
 // tiles would leave much of the last wave idle (choose_tile_n).
@@ -29,15 +54,16 @@ struct Sm90GemmConfig {
   using ClusterShape = cute::Shape<cute::Int<kClusterM_>, cute::_1, cute::_1>;
   static constexpr int kClusterM = kClusterM_;
   static constexpr bool kPingpong = kPingpong_;
+  using Schedule = std::conditional_t<kPingpong_, PingpongSchedule, CooperativeSchedule>;
   using LayoutA = cutlass::layout::RowMajor;
   using LayoutB = std::conditional_t<kBKMajor, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
 
   // The epilogue writes from registers, so the mainloop may take all of shared memory for stages.
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, 8, Element, LayoutB, 8, float, TileShape,
-      ClusterShape, cutlass::gemm::collective::StageCountAutoCarveout<sizeof(cutlass::OrderedSequenceBarrier<2, 2>::SharedStorage)>,
-      std::conditional_t<kPingpong_, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
-                         cutlass::gemm::KernelTmaWarpSpecializedCooperative>>::CollectiveOp;
+      ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<sizeof(cutlass::OrderedSequenceBarrier<2, 2>::SharedStorage)>,
+      typename Schedule::Cutlass>::CollectiveOp;
   using TiledMma = typename Mainloop::TiledMma;
   using Pipeline = typename Mainloop::MainloopPipeline;
   using PipelineState = typename Mainloop::PipelineState;
@@ -47,7 +73,7 @@ struct Sm90GemmConfig {
   static constexpr int kTileK = cute::size<2>(TileShape{});
   static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
   // Threads that consume one pipeline stage: both consumer warpgroups, or one in ping-pong.
-  static constexpr int kConsumerThreads = kPingpong_ ? 128 : 256;
+  static constexpr int kConsumerThreads = Schedule::kStageConsumers;
   // Ping-pong: the warpgroups take turns at the mainloop and at the epilogue.
   using MathOrder = cutlass::OrderedSequenceBarrier<2, 2>;
   // Registers moved from the producer (which only issues TMA) to the consumers (accumulators).

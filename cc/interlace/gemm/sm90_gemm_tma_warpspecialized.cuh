@@ -1,11 +1,14 @@
 // The persistent, warp-specialized Hopper GEMM every fused op drives: C[M, N] = A[M, K] @ B[K, N].
 //
-// One CTA per SM; clusters of kClusterM CTAs walk the host's order of cluster tiles (entries
-// cluster_id, + num_clusters, ...), CTA r of a cluster taking tile row kClusterM * m + r. Roles:
+// One CTA per SM; clusters of kClusterM CTAs walk an order of cluster tiles (positions cluster_id,
+// + num_clusters, ...), CTA r of a cluster taking tile row kClusterM * m + r. The order is a policy
+// (Order: Params and a __device__ position -> tile map, e.g. BandedOrder in tile_plan.h), computed
+// as the walk goes, so that no per-shape data lives in device memory. Roles:
 //   Producer  (warpgroup 0, one warp): per tile, InputWait::wait, then TMA loads of A and B k-slices
 //             into a ring of shared-memory stages;
 //   Consumer0/Consumer1 (warpgroups 1, 2): wgmma on the stages into fp32 registers, then
-//             Epilogue::store of the finished tile. Cooperative: both share each tile (64 rows
+//             Epilogue::store of the finished tile, in one loop whose schedule is a policy
+//             (Config::Schedule, sm90_config.cuh). Cooperative: both share each tile (64 rows
 //             each). Ping-pong: they take alternate tiles and turns, so that one warpgroup's
 //             epilogue runs while the other's wgmma keeps the tensor cores busy.
 // The producer runs ahead into the next tile while the consumers finish and store the current one.
@@ -21,56 +24,56 @@
 
 namespace interlace::gemm_engine {
 
-template <class Config, class InputWait, class Epilogue>
+template <class Config, class Order, class InputWait, class Epilogue>
 struct GemmParams {
   typename Config::Mainloop::Params mainloop;
   int32_t m, n, k;
-  const int32_t* tile_order;  // device array over cluster tiles: entry = cluster_m_idx * tiles_n + n_idx
-  int32_t num_tiles;          // cluster tiles
-  int32_t tiles_n;
+  typename Order::Params order;  // over cluster tiles: (cluster tile row, tile column)
+  int32_t num_tiles;             // cluster tiles: positions 0 .. num_tiles - 1 of the order
   typename InputWait::Params input_wait;
   typename Epilogue::Params epilogue;
 };
 
 enum class WarpGroupRole { Producer = 0, Consumer0 = 1, Consumer1 = 2 };
 
-// The tile scheduler every role asks: the same walk over the host's order for every warpgroup.
-// A tile row past the problem (the second CTA of a cluster when the tile rows are odd) still runs the
-// mainloop, since its cluster partner's B multicast lands in its shared memory; TMA reads zeros for it
-// and the epilogue stores nothing.
-template <int kClusterM>
+// The tile scheduler every role asks. The cluster takes positions cluster_id, + num_clusters, ... of
+// the order; of those, a role that shares them with others (ping-pong consumers) takes every
+// walkers-th, starting with the walker-th. A tile row past the problem (the second CTA of a cluster
+// when the tile rows are odd) still runs the mainloop, since its cluster partner's B multicast lands
+// in its shared memory; TMA reads zeros for it and the epilogue stores nothing.
+template <class Order, int kClusterM>
 struct TileWalk {
-  const int32_t* order;
+  const typename Order::Params& order;  // in the kernel's parameter space
   int32_t num_tiles;
-  int32_t tiles_n;
   int32_t next;
   int32_t step;
   int32_t rank_in_cluster;
 
-  __device__ TileWalk(const int32_t* order_, int32_t num_tiles_, int32_t tiles_n_)
-      : order(order_), num_tiles(num_tiles_), tiles_n(tiles_n_), next(blockIdx.x / kClusterM),
-        step(gridDim.x / kClusterM), rank_in_cluster(blockIdx.x % kClusterM) {}
-
-  __device__ void skip() { next += step; }
+  __device__ TileWalk(const typename Order::Params& order_, int32_t num_tiles_, int walker = 0, int walkers = 1)
+      : order(order_), num_tiles(num_tiles_),
+        next(blockIdx.x / kClusterM + walker * static_cast<int32_t>(gridDim.x / kClusterM)),
+        step(walkers * static_cast<int32_t>(gridDim.x / kClusterM)), rank_in_cluster(blockIdx.x % kClusterM) {}
 
   __device__ bool get(int* m_idx, int* n_idx) {
     if (next >= num_tiles) return false;
-    const int32_t tile = order[next];
+    int32_t cluster_m_idx, tile_n_idx;
+    Order::tile(order, next, cluster_m_idx, tile_n_idx);
     next += step;
-    *m_idx = (tile / tiles_n) * kClusterM + rank_in_cluster;
-    *n_idx = tile % tiles_n;
+    *m_idx = cluster_m_idx * kClusterM + rank_in_cluster;
+    *n_idx = tile_n_idx;
     return true;
   }
 };
 
-template <class Config, class InputWait, class Epilogue, class Params, class LoadInputs>
-__device__ __forceinline__ void run_producer(const Params& params, typename Config::Pipeline& pipeline, LoadInputs& load_inputs,
-                             typename Config::SharedStorage& shared, int k_tiles) {
+template <class Config, class Order, class InputWait, class Params, class LoadInputs>
+__device__ __forceinline__ void run_producer(const Params& params, typename Config::Pipeline& pipeline,
+                                             LoadInputs& load_inputs, typename Config::SharedStorage& shared,
+                                             int k_tiles) {
   using namespace cute;
   typename Config::Mainloop mainloop;
   auto state = cutlass::make_producer_start_state<typename Config::Pipeline>();
   auto k_shape = shape<3>(get<0>(load_inputs));
-  TileWalk<Config::kClusterM> walk(params.tile_order, params.num_tiles, params.tiles_n);
+  TileWalk<Order, Config::kClusterM> walk(params.order, params.num_tiles);
   int m_idx, n_idx;
   while (walk.get(&m_idx, &n_idx)) {
     InputWait::wait(params.input_wait, m_idx, n_idx);
@@ -82,61 +85,40 @@ __device__ __forceinline__ void run_producer(const Params& params, typename Conf
   mainloop.load_tail(pipeline, state);
 }
 
-// Ping-pong: consumer warpgroup g takes tiles g, g + 2, ... of the CTA's walk; its pipeline state
-// skips the other warpgroup's stages.
-template <class Config, class InputWait, class Epilogue, class Params>
-__device__ __forceinline__ void run_pingpong_consumer(const Params& params, typename Config::Pipeline& pipeline,
-                                                      typename Config::SharedStorage& shared,
-                                                      typename Config::MathOrder& order, int k_tiles, int group) {
+// Both consumer warpgroups, under either schedule (Config::Schedule): the producer fills stages in
+// the order of the CTA's walk, so a warpgroup that takes every kWalkers-th tile starts past the
+// stages of the walkers before it and skips the others' stages after each of its tiles.
+template <class Config, class Order, class Epilogue, class Params>
+__device__ __forceinline__ void run_consumer(const Params& params, typename Config::Pipeline& pipeline,
+                                             typename Config::SharedStorage& shared,
+                                             typename Config::MathOrder& math_order, int k_tiles, int group) {
   using namespace cute;
+  using Schedule = typename Config::Schedule;
   typename Config::Mainloop mainloop;
   typename Config::TiledMma tiled_mma;
   typename Config::PipelineState state;
-  const int mma_thread_idx = threadIdx.x % cutlass::NumThreadsPerWarpGroup;
-  TileWalk<Config::kClusterM> walk(params.tile_order, params.num_tiles, params.tiles_n);
-  if (group == 1) {
-    walk.skip();
-    state.advance(k_tiles);
-  }
+  const int mma_thread_idx = threadIdx.x % Schedule::kStageConsumers;
+  const int walker = Schedule::walker(group);
+  TileWalk<Order, Config::kClusterM> walk(params.order, params.num_tiles, walker, Schedule::kWalkers);
+  state.advance(walker * k_tiles);
   int m_idx, n_idx;
   while (walk.get(&m_idx, &n_idx)) {
     auto accum = partition_fragment_C(tiled_mma, take<0, 2>(typename Config::TileShape{}));
-    order.wait();  // my turn at the mainloop
+    if constexpr (Schedule::kTakeTurns) math_order.wait();  // my turn at the mainloop
     mainloop.mma(pipeline, state, accum, k_tiles, mma_thread_idx, shared.mainloop.tensors, params.mainloop);
-    order.arrive();
+    if constexpr (Schedule::kTakeTurns) math_order.arrive();
     mainloop.mma_tail(pipeline, state, k_tiles);
-    state.advance(2 * k_tiles);
-    order.wait();  // my turn at the epilogue
+    state.advance(Schedule::kWalkers * k_tiles);
+    if constexpr (Schedule::kTakeTurns) math_order.wait();  // my turn at the epilogue
     Epilogue::template store<typename Config::TileShape>(params.epilogue, accum, tiled_mma, mma_thread_idx, m_idx,
                                                          n_idx, params.m, params.n);
-    order.arrive();
-    walk.skip();
+    if constexpr (Schedule::kTakeTurns) math_order.arrive();
   }
 }
 
-template <class Config, class InputWait, class Epilogue, class Params>
-__device__ __forceinline__ void run_consumers(const Params& params, typename Config::Pipeline& pipeline,
-                              typename Config::SharedStorage& shared, int k_tiles) {
-  using namespace cute;
-  typename Config::Mainloop mainloop;
-  typename Config::TiledMma tiled_mma;
-  typename Config::PipelineState state;
-  const int mma_thread_idx = threadIdx.x % Config::kConsumerThreads;
-  TileWalk<Config::kClusterM> walk(params.tile_order, params.num_tiles, params.tiles_n);
-  int m_idx, n_idx;
-  while (walk.get(&m_idx, &n_idx)) {
-    auto accum = partition_fragment_C(tiled_mma, take<0, 2>(typename Config::TileShape{}));
-    mainloop.mma(pipeline, state, accum, k_tiles, mma_thread_idx, shared.mainloop.tensors, params.mainloop);
-    mainloop.mma_tail(pipeline, state, k_tiles);
-    state.advance(k_tiles);
-    Epilogue::template store<typename Config::TileShape>(params.epilogue, accum, tiled_mma, mma_thread_idx, m_idx,
-                                                         n_idx, params.m, params.n);
-  }
-}
-
-template <class Config, class InputWait, class Epilogue>
+template <class Config, class Order, class InputWait, class Epilogue>
 __global__ void __launch_bounds__(Config::kThreads, 1)
-    sm90_gemm_kernel(const __grid_constant__ GemmParams<Config, InputWait, Epilogue> params) {
+    sm90_gemm_kernel(const __grid_constant__ GemmParams<Config, Order, InputWait, Epilogue> params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace cute;
   using Pipeline = typename Config::Pipeline;
@@ -175,16 +157,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     if (is_loader) {
       typename Config::Mainloop mainloop;
       auto load_inputs = mainloop.load_init(problem, params.mainloop);
-      run_producer<Config, InputWait, Epilogue>(params, pipeline, load_inputs, shared, k_tiles);
+      run_producer<Config, Order, InputWait>(params, pipeline, load_inputs, shared, k_tiles);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
-    if constexpr (Config::kPingpong) {
-      run_pingpong_consumer<Config, InputWait, Epilogue>(params, pipeline, shared, math_order, k_tiles,
-                                                         consumer_group);
-    } else {
-      run_consumers<Config, InputWait, Epilogue>(params, pipeline, shared, k_tiles);
-    }
+    run_consumer<Config, Order, Epilogue>(params, pipeline, shared, math_order, k_tiles, consumer_group);
   }
 #endif
 }

@@ -8,9 +8,11 @@ namespace interlace {
 
 TileGrid tile_grid(int64_t m, int64_t n, int tile_m, int tile_n) {
   IL_CHECK(m >= 0 && n >= 0 && tile_m > 0 && tile_n > 0, "bad tile grid request");
-  const int64_t tm = (m + tile_m - 1) / tile_m;
-  const int64_t tn = (n + tile_n - 1) / tile_n;
-  IL_CHECK(tm * tn < (int64_t{1} << 31), "gemm: ", m, " x ", n, " has too many output tiles");
+  const int64_t tm = m / tile_m + (m % tile_m != 0);
+  const int64_t tn = n / tile_n + (n % tile_n != 0);
+  // tm and tn first, so that their product cannot overflow.
+  IL_CHECK(tm <= kMaxGemmTiles && tn <= kMaxGemmTiles && tm * tn <= kMaxGemmTiles, "gemm: ", m, " x ", n, " needs ",
+           tm, " x ", tn, " output tiles of ", tile_m, " x ", tile_n, "; at most 2^30 tiles are supported");
   return TileGrid{static_cast<int>(tm), static_cast<int>(tn)};
 }
 
@@ -26,6 +28,13 @@ int choose_tile_n(int64_t m, int64_t n, int num_sms, int cluster_m) {
   const double wide = waves(256) * 256;
   const double narrow = waves(128) * 128 / kNarrowSpeed;
   return narrow < wide ? 128 : 256;
+}
+
+BandedOrder::Params BandedOrder::make(const TileGrid& grid, int band_m) {
+  IL_CHECK(band_m >= 1, "band_m must be >= 1");
+  // A band taller than the grid is the whole grid; clamping keeps band_m * tiles_n within the tile count.
+  const int rows = std::max(1, std::min(band_m, grid.tiles_m));
+  return Params{grid.tiles_m, grid.tiles_n, rows};
 }
 
 std::vector<int32_t> banded_tile_order(const TileGrid& grid, int band_m) {

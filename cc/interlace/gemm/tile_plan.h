@@ -1,12 +1,26 @@
-// The order in which a persistent GEMM visits its output tiles: data the host computes and the
-// kernel executes. CTA i takes entries i, i + num_ctas, i + 2 * num_ctas, ... Fused ops will order
-// tiles by when their inputs arrive; the plain GEMM orders them for L2 reuse.
+// The order in which a persistent GEMM visits its output tiles. An order is a small policy type the
+// kernel is templated on: Params the host fills in, and a __host__ __device__ map from a position in
+// the order to a tile, so that nothing is uploaded per shape and a first call can be captured in a
+// CUDA graph. CTA i takes positions i, i + num_ctas, i + 2 * num_ctas, ... Fused ops will order
+// tiles by when their inputs arrive; the plain GEMM orders them for L2 reuse (BandedOrder).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#ifndef IL_HOST_DEVICE
+#if defined(__CUDACC__)
+#define IL_HOST_DEVICE __host__ __device__
+#else
+#define IL_HOST_DEVICE
+#endif
+#endif
+
 namespace interlace {
+
+// The kernel walks positions in 32-bit integers, stepping past the last one by up to a grid of CTAs;
+// this many tiles leaves room for any grid.
+inline constexpr int64_t kMaxGemmTiles = int64_t{1} << 30;
 
 struct TileGrid {
   int tiles_m = 0;
@@ -14,6 +28,7 @@ struct TileGrid {
   int num_tiles() const { return tiles_m * tiles_n; }
 };
 
+// Raises when the grid has more than kMaxGemmTiles tiles.
 TileGrid tile_grid(int64_t m, int64_t n, int tile_m, int tile_n);
 
 // The output tile width for an m x n problem on num_sms SMs in clusters of cluster_m tile rows: 256
@@ -21,8 +36,33 @@ TileGrid tile_grid(int64_t m, int64_t n, int tile_m, int tile_n);
 // poorly. Tiles are 128 rows high.
 int choose_tile_n(int64_t m, int64_t n, int num_sms, int cluster_m = 1);
 
-// Tiles in bands of `band_m` tile rows; within a band, column by column, so that the tiles running
-// at one time share A rows and B columns in L2. Entry value: m_idx * tiles_n + n_idx.
+// Tiles in bands of band_m tile rows; within a band, column by column, so that the tiles running at
+// one time share A rows and B columns in L2. The last band has the rows that are left.
+struct BandedOrder {
+  struct Params {
+    int32_t tiles_m = 0;
+    int32_t tiles_n = 0;
+    int32_t band_m = 1;  // 1 <= band_m <= max(tiles_m, 1), so a band's tile count fits in 32 bits
+  };
+
+  static Params make(const TileGrid& grid, int band_m);
+
+  // Position i (0 <= i < tiles_m * tiles_n) to its tile. Two divisions: which band, then which
+  // column of it.
+  IL_HOST_DEVICE static inline void tile(const Params& p, int32_t i, int32_t& m_idx, int32_t& n_idx) {
+    const int32_t band_tiles = p.band_m * p.tiles_n;
+    const int32_t band = i / band_tiles;
+    const int32_t first_row = band * p.band_m;
+    const int32_t left = p.tiles_m - first_row;
+    const int32_t rows = left < p.band_m ? left : p.band_m;
+    const int32_t in_band = i - band * band_tiles;
+    n_idx = in_band / rows;
+    m_idx = first_row + (in_band - n_idx * rows);
+  }
+};
+
+// The same order as a list, built by walking the bands: the reference BandedOrder::tile is tested
+// against. Entry value: m_idx * tiles_n + n_idx.
 std::vector<int32_t> banded_tile_order(const TileGrid& grid, int band_m);
 
 }  // namespace interlace
