@@ -163,6 +163,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
     run_consumer<Config, Order, Epilogue>(params, pipeline, shared, math_order, k_tiles, consumer_group);
   }
+#elif defined(__CUDA_ARCH__)
+  // Compiled for a GPU without sm_90a's wgmma, TMA and register reallocation: an empty kernel would
+  // "succeed" and leave out unwritten, so stop the launch with an error instead.
+  __trap();
 #endif
 }
 
