@@ -70,31 +70,34 @@ void gemm(const TensorView& a, const TensorView& b, const TensorView& out, cudaS
   IL_CUDA_CHECK(cudaGetDevice(&device));
   if (a.device.device_type == kDLCUDA) device = a.device.device_id;
   const GemmProblem p = check_gemm_args(a, b, out, device);
-  IL_CHECK(p.m < (int64_t{1} << 31) && p.n < (int64_t{1} << 31) && p.k < (int64_t{1} << 31),
-           "gemm: dimensions must be below 2^31");
+  // The tuning is checked for every shape, empty ones included, so that a call that works for K = 0
+  // works for any K.
   IL_CHECK(tuning.band_m >= 0, "gemm: band_m must be >= 0 (0: automatic)");
-  int major = 0, minor = 0;
+  IL_CHECK(tuning.cluster_m == 0 || tuning.cluster_m == 1 || tuning.cluster_m == 2,
+           "gemm: cluster_m must be 0 (automatic), 1 or 2, got ", tuning.cluster_m);
+  IL_CHECK(tuning.tile_n == 0 || tuning.tile_n == 128 || tuning.tile_n == 256,
+           "gemm: tile_n must be 0 (automatic), 128 or 256, got ", tuning.tile_n);
+  IL_CHECK(!tuning.pingpong || tuning.tile_n == 0 || tuning.tile_n == 128,
+           "gemm: ping-pong tiles are 128 wide; tile_n=", tuning.tile_n, " needs pingpong=False");
+  int major = 0, minor = 0, num_sms = 0;
   IL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   IL_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   IL_CHECK(major == 9 && minor == 0, "gemm: the engine needs a Hopper GPU (sm_90), this is sm_", major, minor);
-  IL_CUDA_CHECK(cudaSetDevice(device));
+  IL_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  if (tuning.cluster_m == 0) tuning.cluster_m = 2;
+  const int tile_n = tuning.pingpong ? 128
+                     : tuning.tile_n ? tuning.tile_n
+                                     : choose_tile_n(p.m, p.n, num_sms, tuning.cluster_m);
+  if (tuning.band_m == 0) tuning.band_m = tile_n == 256 ? 16 : 8;
+  // Raises past kMaxGemmTiles for every K, not only where a kernel runs.
+  tile_grid(p.m, p.n, 128 * tuning.cluster_m, tile_n);
+
+  DeviceGuard guard(device);
   if (p.m == 0 || p.n == 0) return;
   if (p.k == 0) {  // an empty sum
     IL_CUDA_CHECK(cudaMemset2DAsync(out.data, p.ldc * 2, 0, p.n * 2, p.m, stream));
     return;
   }
-  int num_sms = 0;
-  IL_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-  if (tuning.cluster_m == 0) tuning.cluster_m = 2;
-  IL_CHECK(tuning.cluster_m == 1 || tuning.cluster_m == 2, "gemm: cluster_m must be 0 (automatic), 1 or 2, got ",
-           tuning.cluster_m);
-  IL_CHECK(!tuning.pingpong || tuning.tile_n == 0 || tuning.tile_n == 128,
-           "gemm: ping-pong tiles are 128 wide; tile_n=", tuning.tile_n, " needs pingpong=False");
-  const int tile_n = tuning.pingpong ? 128
-                     : tuning.tile_n ? tuning.tile_n
-                                     : choose_tile_n(p.m, p.n, num_sms, tuning.cluster_m);
-  IL_CHECK(tile_n == 128 || tile_n == 256, "gemm: tile_n must be 0 (automatic), 128 or 256, got ", tile_n);
-  if (tuning.band_m == 0) tuning.band_m = tile_n == 256 ? 16 : 8;
   // Ping-pong tiles are 128 x 128 (one warpgroup's accumulators); cooperative ones 128 x tile_n.
   auto run = [&](auto element, auto b_k_major, auto tile, auto cluster, auto pingpong) {
     launch<decltype(element), decltype(b_k_major)::value, decltype(tile)::value, decltype(cluster)::value,
