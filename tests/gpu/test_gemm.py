@@ -1,5 +1,11 @@
 """interlace.gemm on one GPU against an fp32 reference, on fresh random data, at many shapes with
-tails; poisoned outputs show unwritten elements. Bad input raises before any GPU work."""
+tails; poisoned outputs show unwritten elements. Bad input raises before any GPU work. A first call
+of a new shape can be captured in a CUDA graph; calls leave the caller's current device alone."""
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -95,3 +101,123 @@ def test_empty_k_gives_zeros_and_empty_m_is_a_no_op():
     assert bool((out == 0).all())
     interlace.gemm(torch.empty(0, 8, device="cuda", dtype=torch.bfloat16),
                    torch.empty(8, 16, device="cuda", dtype=torch.bfloat16), out[:0])
+
+
+def test_k_zero_gives_zeros_after_the_same_checks_as_any_k():
+    a = torch.empty(64, 0, device="cuda", dtype=torch.float16)
+    b = torch.empty(0, 136, device="cuda", dtype=torch.float16)
+    for kw in [{}, {"pingpong": False}, {"pingpong": False, "tile_n": 256, "cluster_m": 1}]:
+        out = torch.full((64, 136), float("nan"), device="cuda", dtype=torch.float16)
+        interlace.gemm(a, b, out, **kw)
+        torch.cuda.synchronize()
+        assert bool((out == 0).all()), kw
+    out = torch.full((64, 136), 5.0, device="cuda", dtype=torch.float16)
+    for kw, needle in [({"tile_n": 96, "pingpong": False}, "tile_n must be"), ({"cluster_m": 3}, "cluster_m must be"),
+                       ({"band_m": -1}, "band_m must be"), ({"tile_n": 256}, "ping-pong tiles are 128 wide")]:
+        with pytest.raises(interlace.Error, match=needle):
+            interlace.gemm(a, b, out, **kw)
+    with pytest.raises(interlace.Error, match="16-byte aligned"):
+        interlace.gemm(a, b[:, 4:132], out[:, 4:132])
+    torch.cuda.synchronize()
+    assert bool((out == 5.0).all()), "a rejected call wrote into out"
+
+
+def test_out_overlapping_an_input_raises_before_gpu_work():
+    x = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+    x_before, w_before = x.clone(), w.clone()
+    with pytest.raises(interlace.Error, match="out overlaps a"):
+        interlace.gemm(x, w, x)  # in place
+    with pytest.raises(interlace.Error, match="out overlaps b"):
+        interlace.gemm(x, w.t(), w)
+    buf = torch.randn(384, 256, device="cuda", dtype=torch.bfloat16)
+    buf_before = buf.clone()
+    with pytest.raises(interlace.Error, match="out overlaps a"):
+        interlace.gemm(buf[:256], w, buf[128:])  # half the rows shared
+    torch.cuda.synchronize()
+    assert torch.equal(x, x_before) and torch.equal(w, w_before) and torch.equal(buf, buf_before)
+    out = buf[256:]  # adjacent rows of the same buffer are fine
+    interlace.gemm(buf[:128], w, out)
+    torch.cuda.synchronize()
+    ref = reference(buf[:128], w)
+    assert ((out.float() - ref).norm() / ref.norm()).item() <= 1e-2
+
+
+# Runs in a fresh process, so that the capture holds the very first gemm call of the process (no
+# kernel loaded, no shape seen): nothing in it may allocate, free or synchronize.
+FIRST_CALL_IN_A_GRAPH = textwrap.dedent("""
+    import torch, interlace
+    torch.cuda.init()
+    variants = [((1000, 776, 520), {}), ((333, 264, 1032), {"pingpong": False}),
+                ((2049, 512, 264), {"pingpong": False, "tile_n": 256, "cluster_m": 1}), ((129, 136, 64), {"band_m": 3})]
+    g = torch.Generator(device="cuda").manual_seed(1234)
+    for (m, n, k), kw in variants:
+        dtype = torch.bfloat16
+        a = torch.empty(m, k, device="cuda", dtype=dtype)
+        w = torch.empty(n, k, device="cuda", dtype=dtype)
+        out = torch.empty(m, n, device="cuda", dtype=dtype)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            interlace.gemm(a, w.t(), out, **kw)
+        for replay in range(2):  # fresh inputs each time: the graph reads them, not copies
+            a.copy_(torch.randn(m, k, device="cuda", generator=g))
+            w.copy_(torch.randn(n, k, device="cuda", generator=g))
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert not out.isnan().any(), f"{m}x{n}x{k} {kw}: {out.isnan().sum().item()} elements never written"
+            ref = a.double() @ w.double().t()
+            err = ((out.double() - ref).norm() / ref.norm()).item()
+            assert err <= 1e-2, f"{m}x{n}x{k} {kw}: relative error {err:.2e}"
+    print("captured and replayed", len(variants), "first calls")
+""")
+
+
+def test_first_call_of_a_new_shape_is_captured_in_a_cuda_graph():
+    r = subprocess.run([sys.executable, "-c", FIRST_CALL_IN_A_GRAPH], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "captured and replayed 4 first calls" in r.stdout
+
+
+def test_new_shapes_captured_in_process():
+    """The same in this process, where other shapes ran before: the capture sees a shape for the
+    first time."""
+    for m, n, k, pingpong in [(1237, 1048, 200, True), (1239, 1056, 208, False)]:
+        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.float16)
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            interlace.gemm(a, b, out, pingpong=pingpong)
+        a.copy_(torch.randn(m, k, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert not out.isnan().any()
+        ref = reference(a, b)
+        assert ((out.float() - ref).norm() / ref.norm()).item() <= 1e-2
+
+
+@pytest.mark.gpus(2)
+def test_a_call_on_another_device_leaves_the_current_device_alone():
+    torch.cuda.set_device(0)
+    try:
+        a = torch.randn(300, 264, device="cuda:1", dtype=torch.bfloat16)
+        b = torch.randn(264, 520, device="cuda:1", dtype=torch.bfloat16)
+        out = torch.full((300, 520), float("nan"), device="cuda:1", dtype=torch.bfloat16)
+        interlace.gemm(a, b, out)
+        assert torch.cuda.current_device() == 0
+        interlace.gemm(a[:, :0], b[:0], out)  # K = 0 writes zeros on cuda:1
+        assert torch.cuda.current_device() == 0
+        torch.cuda.synchronize(1)
+        assert bool((out == 0).all())
+        interlace.gemm(a, b, out)
+        torch.cuda.synchronize(1)
+        assert torch.cuda.current_device() == 0
+        ref = reference(a, b)
+        assert ((out.float() - ref).norm() / ref.norm()).item() <= 1e-2
+        torch.cuda.set_device(1)
+        interlace.gemm(a, b, out)
+        assert torch.cuda.current_device() == 1
+    finally:
+        torch.cuda.set_device(0)
