@@ -77,7 +77,8 @@ sockaddr_in resolve_ipv4(const std::string& host, int port) {
 }  // namespace
 
 Socket listen_tcp(const std::string& address, int port) {
-  Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  // Non-blocking: a connection reset between poll and accept must not leave accept() waiting.
+  Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   IL_CHECK(s.valid(), "socket() failed: ", strerror(errno));
   int one = 1;
   ::setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -104,6 +105,21 @@ int bound_port(const Socket& listener) {
   return ntohs(addr.sin_port);
 }
 
+std::string bound_address(const Socket& listener) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  IL_CHECK(::getsockname(listener.fd(), reinterpret_cast<sockaddr*>(&addr), &len) == 0, "getsockname failed: ",
+           strerror(errno));
+  char text[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &addr.sin_addr, text, sizeof(text));
+  return text;
+}
+
+bool is_loopback_address(const std::string& host) {
+  sockaddr_in addr = resolve_ipv4(host, 0);
+  return (ntohl(addr.sin_addr.s_addr) >> 24) == 127;
+}
+
 Socket connect_tcp(const std::string& host, int port, Deadline deadline) {
   sockaddr_in addr = resolve_ipv4(host, port);
   while (Clock::now() < deadline) {
@@ -127,24 +143,76 @@ Socket connect_tcp(const std::string& host, int port, Deadline deadline) {
   return Socket();
 }
 
-Socket accept_until(const Socket& listener, Deadline deadline) {
-  while (wait_ready(listener.fd(), POLLIN, deadline)) {
+Socket accept_now(const Socket& listener, bool* exhausted) {
+  *exhausted = false;
+  while (true) {
     int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
     if (fd >= 0) {
       int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // fails harmlessly on Unix sockets
       return Socket(fd);
     }
-    if (errno != EINTR && errno != ECONNABORTED && errno != EAGAIN) IL_FAIL("accept() failed: ", strerror(errno));
+    switch (errno) {
+      case EINTR:
+        continue;
+      case EAGAIN:
+      // accept(2): errors of the connection itself, pending when it is accepted; that one is gone.
+      case ECONNABORTED:
+      case EPROTO:
+      case ENOPROTOOPT:
+      case ENETDOWN:
+      case ENONET:
+      case EHOSTDOWN:
+      case EHOSTUNREACH:
+      case ENETUNREACH:
+      case EOPNOTSUPP:
+        return Socket();
+      case EMFILE:
+      case ENFILE:
+      case ENOBUFS:
+      case ENOMEM:
+        *exhausted = true;
+        return Socket();
+      default:
+        IL_FAIL("accept() failed: ", strerror(errno));
+    }
+  }
+}
+
+Socket accept_until(const Socket& listener, Deadline deadline) {
+  while (wait_ready(listener.fd(), POLLIN, deadline)) {
+    bool exhausted = false;
+    Socket s = accept_now(listener, &exhausted);
+    if (s.valid()) return s;
+    IL_CHECK(!exhausted, "accept() failed: ", strerror(errno));
   }
   return Socket();
+}
+
+std::vector<size_t> wait_readable(const std::vector<const Socket*>& sockets, Deadline deadline) {
+  std::vector<pollfd> polled;
+  polled.reserve(sockets.size());
+  for (const Socket* s : sockets) polled.push_back(pollfd{s->fd(), POLLIN, 0});
+  std::vector<size_t> ready;
+  while (true) {
+    int rc = ::poll(polled.data(), polled.size(), remaining_ms(deadline));
+    if (rc == 0) return ready;
+    if (rc > 0) break;
+    if (errno != EINTR) IL_FAIL("poll failed: ", strerror(errno));
+  }
+  // POLLHUP and POLLERR count: the next read says what happened.
+  for (size_t i = 0; i < polled.size(); ++i) {
+    if (polled[i].revents != 0) ready.push_back(i);
+  }
+  return ready;
 }
 
 IoStatus send_all(const Socket& s, const void* data, size_t size, Deadline deadline) {
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
     if (!wait_ready(s.fd(), POLLOUT, deadline)) return IoStatus::kTimeout;
-    ssize_t n = ::send(s.fd(), p, size, MSG_NOSIGNAL);
+    // MSG_DONTWAIT: a blocking send waits for room for all of `size`, past the deadline.
+    ssize_t n = ::send(s.fd(), p, size, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       return IoStatus::kClosed;  // EPIPE / ECONNRESET: the peer is gone
@@ -155,11 +223,19 @@ IoStatus send_all(const Socket& s, const void* data, size_t size, Deadline deadl
   return IoStatus::kOk;
 }
 
+bool send_now(const Socket& s, const void* data, size_t size) {
+  while (true) {
+    ssize_t n = ::send(s.fd(), data, size, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    return n == static_cast<ssize_t>(size);
+  }
+}
+
 IoStatus recv_all(const Socket& s, void* data, size_t size, Deadline deadline) {
   char* p = static_cast<char*>(data);
   while (size > 0) {
     if (!wait_ready(s.fd(), POLLIN, deadline)) return IoStatus::kTimeout;
-    ssize_t n = ::recv(s.fd(), p, size, 0);
+    ssize_t n = ::recv(s.fd(), p, size, MSG_DONTWAIT);
     if (n == 0) return IoStatus::kClosed;
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
@@ -169,6 +245,20 @@ IoStatus recv_all(const Socket& s, void* data, size_t size, Deadline deadline) {
     size -= static_cast<size_t>(n);
   }
   return IoStatus::kOk;
+}
+
+IoStatus recv_now(const Socket& s, void* data, size_t size, size_t* received) {
+  *received = 0;
+  while (true) {
+    ssize_t n = ::recv(s.fd(), data, size, MSG_DONTWAIT);
+    if (n > 0) {
+      *received = static_cast<size_t>(n);
+      return IoStatus::kOk;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return IoStatus::kOk;
+    return IoStatus::kClosed;
+  }
 }
 
 void close_after_drain(Socket& s, Deadline deadline) {
@@ -183,7 +273,7 @@ void close_after_drain(Socket& s, Deadline deadline) {
 }
 
 Socket listen_unix(const std::string& name) {
-  Socket s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  Socket s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   IL_CHECK(s.valid(), "socket(AF_UNIX) failed: ", strerror(errno));
   socklen_t len = 0;
   sockaddr_un addr = abstract_address(name, &len);
@@ -238,6 +328,13 @@ int recv_fd(const Socket& s, Deadline deadline) {
   int fd = -1;
   memcpy(&fd, CMSG_DATA(cmsg), sizeof(int));
   return fd;
+}
+
+bool peer_has_same_uid(const Socket& s) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(s.fd(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof(cred)) return false;
+  return cred.uid == ::geteuid();
 }
 
 }  // namespace interlace
