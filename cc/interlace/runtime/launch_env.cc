@@ -41,9 +41,10 @@ BootstrapOptions resolve_bootstrap_options(BootstrapOptions given, const Getenv&
     int torch_port = first_int(getenv, {"MASTER_PORT"});
     if (torch_port > 0) given.master_port = torch_port + 1;
   }
+  if (given.secret.empty()) given.secret = first_string(getenv, {"INTERLACE_SECRET"});
   if (given.secret.empty()) {
-    given.secret = first_string(getenv, {"INTERLACE_SECRET", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
-                                         "OMPI_MCA_ess_base_jobid"});
+    given.secret = first_string(getenv, {"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid"});
+    given.secret_is_job_id = !given.secret.empty();
   }
   IL_CHECK(given.rank >= 0 && given.world_size > 0,
            "cannot tell this process's rank and world size: pass rank= and world_size=, or start it with "

@@ -16,7 +16,9 @@ using Getenv = std::function<const char*(const char*)>;
 // INTERLACE_MASTER_PORT, else MASTER_PORT + 1, because torch.distributed's store listens on
 // MASTER_PORT itself. MASTER_ADDR defaults to 127.0.0.1 (one host). The secret
 // comes from INTERLACE_SECRET, else the launcher's job id (TORCHELASTIC_RUN_ID, SLURM_JOB_ID,
-// OMPI_MCA_ess_base_jobid). Raises when rank or world size cannot be found anywhere.
+// OMPI_MCA_ess_base_jobid), marked secret_is_job_id: it keeps jobs of one host apart, but the
+// bootstrap does not accept it as a secret off loopback. Raises when rank or world size cannot be
+// found anywhere.
 BootstrapOptions resolve_bootstrap_options(BootstrapOptions given, const Getenv& getenv);
 
 // The rank of this process among those on its host, if the launcher says (LOCAL_RANK,
