@@ -35,10 +35,19 @@ std::vector<int> exchange_fds(Bootstrap& bootstrap, const Topology& topo, int my
   std::exception_ptr server_error;
   std::thread server([&] {
     try {
-      for (int i = 0; i + 1 < topo.local_size(); ++i) {
+      int strangers = 0;
+      for (int served = 0; served + 1 < topo.local_size();) {
         Socket client = accept_until(listener, deadline);
-        IL_CHECK(client.valid(), "rank ", topo.rank, ": a local peer never came for its memory handle");
+        IL_CHECK(client.valid(), "rank ", topo.rank, ": a local peer never came for its memory handle",
+                 strangers ? detail::concat(" (", strangers, " connection(s) from another user were refused)") : "");
+        // Every process of the host can see and connect to an abstract socket; the handle opens
+        // this GPU's memory, so it goes only to processes of our own user.
+        if (!peer_has_same_uid(client)) {
+          ++strangers;
+          continue;
+        }
         send_fd(client, my_fd);
+        ++served;
       }
     } catch (...) {
       server_error = std::current_exception();
@@ -50,6 +59,9 @@ std::vector<int> exchange_fds(Bootstrap& bootstrap, const Topology& topo, int my
     for (int p = 0; p < topo.local_size(); ++p) {
       if (p == topo.local_rank) continue;
       Socket s = connect_unix(name(topo.local_ranks[p]), deadline);
+      // A handle from another user's process would map memory that is not our peer's.
+      IL_CHECK(peer_has_same_uid(s), "rank ", topo.rank, ": the socket of local rank ", p,
+               " belongs to another user's process; refusing its memory handle");
       fds[p] = recv_fd(s, deadline);
     }
   } catch (...) {
