@@ -129,6 +129,11 @@ def scenario_abort():
     with torch.cuda.graph(graph, stream=stream):
         interlace.all_gather(graph_out, inp, group)
     group.barrier()
+    if RANK == 1:
+        gpu_sleep(3)  # these launches are queued behind the sleep when rank 0 aborts: none may store into rank 0
+        for _ in range(3):
+            interlace.all_gather(sym_out, inp, group)
+    group.barrier()
     start = time.monotonic()
     if RANK == 0:
         group.abort("test: rank 0 aborts")
@@ -137,11 +142,7 @@ def scenario_abort():
         torch.cuda.synchronize()
         group.barrier()
     else:
-        gpu_sleep(2)  # queued launches and a graph replay, all after the abort: none may store into rank 0
-        for _ in range(3):
-            interlace.all_gather(sym_out, inp, group)
-        time.sleep(0.5)
-        group.barrier()  # rank 0 has aborted by now, and poisoned graph_out
+        group.barrier()  # rank 0 has aborted and poisoned graph_out; replay the graph after the abort too
         graph.replay()
         torch.cuda.synchronize()
         error = raises(group.check)

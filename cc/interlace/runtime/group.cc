@@ -140,12 +140,16 @@ void Group::free(size_t offset) {
   heap_->allocator().free(offset);
 }
 
-size_t Group::scratch(size_t bytes, const char* what) {
+size_t Group::scratch(size_t bytes, const char* what, bool capturing) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
-  if (bytes <= scratch_bytes_) return scratch_offset_;
-  // The old block stays allocated: a captured graph may still use it.
-  scratch_offset_ = heap_->allocator().allocate(bytes, what, /*from_top=*/true);
-  scratch_bytes_ = bytes;
+  if (bytes > scratch_bytes_) {
+    if (scratch_bytes_ && !scratch_captured_) heap_->allocator().free(scratch_offset_);
+    scratch_bytes_ = 0;
+    scratch_captured_ = false;
+    scratch_offset_ = heap_->allocator().allocate(bytes, what, /*from_top=*/true);
+    scratch_bytes_ = bytes;
+  }
+  scratch_captured_ = scratch_captured_ || capturing;
   return scratch_offset_;
 }
 

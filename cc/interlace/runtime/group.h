@@ -66,10 +66,13 @@ class Group {
   size_t allocate(size_t bytes, const std::string& what);
   void free(size_t offset);
 
-  // Symmetric scratch of at least `bytes` for ops' staging. Grown on demand, never moved or freed
-  // while the group lives (a captured graph may still use an old block): an op's scratch offset is
-  // part of its signature, so ranks agree on it.
-  size_t scratch(size_t bytes, const char* what);
+  // Symmetric scratch of at least `bytes` for ops' staging, grown on demand; an op's scratch offset
+  // is part of its signature, so ranks agree on it. A block that a captured CUDA graph may use
+  // (capturing: the calling op is being captured) is never moved or freed while the group lives.
+  // One no graph uses is freed when outgrown: the group's ops run in order, so later ops are done
+  // with it first; only memory the caller allocates from the heap right after a growth may still be
+  // in use by an op in flight, so only stream-ordered work should touch it.
+  size_t scratch(size_t bytes, const char* what, bool capturing);
 
  private:
   friend class OpCall;
@@ -98,6 +101,7 @@ class Group {
 
   size_t scratch_offset_ = 0;
   size_t scratch_bytes_ = 0;
+  bool scratch_captured_ = false;
 };
 
 }  // namespace interlace

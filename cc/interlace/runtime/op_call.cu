@@ -32,6 +32,10 @@ OpCall::OpCall(Group& group, OpId op, cudaStream_t stream)
     : lock_(group.mutex_), device_(group.device()), group_(group), op_(op), stream_(stream) {
   group.check();
   call_ = ++group.calls_;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  // A bad stream must fail the call's checks on every rank, not here, before the vote.
+  if (cudaStreamIsCapturing(stream_, &capture) != cudaSuccess) cudaGetLastError();
+  capturing_ = capture == cudaStreamCaptureStatusActive;
 }
 
 uint64_t OpCall::agree(const std::function<std::string()>& checks) {
@@ -72,9 +76,7 @@ uint64_t OpCall::agree(const std::function<std::string()>& checks) {
 }
 
 void OpCall::launch(const std::function<void(cudaStream_t)>& kernel) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  IL_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
-  const bool capturing = capture == cudaStreamCaptureStatusActive;
+  const bool capturing = capturing_;
   IL_CUDA_CHECK(cudaStreamWaitEvent(stream_, group_.last_op_, capturing ? cudaEventWaitExternal : cudaEventWaitDefault));
   kernel(stream_);
   IL_CUDA_CHECK(cudaGetLastError());

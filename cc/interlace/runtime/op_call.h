@@ -41,6 +41,8 @@ class OpCall {
   uint64_t agree(const std::function<std::string()>& checks);
   // Issues `kernel` on the call's stream, after the group's previous op.
   void launch(const std::function<void(cudaStream_t)>& kernel);
+  // Whether the call's stream is being captured into a CUDA graph.
+  bool capturing() const { return capturing_; }
 
  private:
   void cancel_on_device();
@@ -51,6 +53,7 @@ class OpCall {
   OpId op_;
   cudaStream_t stream_;
   uint64_t call_;
+  bool capturing_ = false;
 };
 
 // The 24-bit hash of a signature that kernels compare (never kCancelSignature).

@@ -53,7 +53,8 @@ void all_gather(Group& group, const TensorView& out, const TensorView& inp, cuda
     landing = out_offset >= 0 || bytes == 0
                   ? static_cast<size_t>(std::max(out_offset, 0LL))
                   : group.scratch(bytes * topo.local_size(),
-                                  "all_gather's receive buffer (world_size x input; or allocate out with group.empty)");
+                                  "all_gather's receive buffer (world_size x input; or allocate out with group.empty)",
+                                  call.capturing());
     return detail::concat("all_gather(bytes_per_rank=", bytes, ", dtype=", inp.dtype_name(),
                           ", out=", out_offset < 0 ? "ordinary" : "symmetric", ", landing=", landing,
                           ", num_blocks=", plan.num_blocks, ", chunk_bytes=", plan.chunk_bytes, ")");
