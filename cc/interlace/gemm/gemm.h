@@ -11,7 +11,7 @@ namespace interlace {
 // 0 means automatic. The defaults come from bench/results (NOTES.md): ping-pong consumers on
 // 128 x 128 tiles, 2-CTA clusters, bands of 8 cluster rows (16 for 256-wide cooperative tiles).
 struct GemmTuning {
-  int band_m = 0;         // cluster-tile rows per band of the tile order (L2 reuse); see banded_tile_order
+  int band_m = 0;         // cluster-tile rows per band of the tile order (L2 reuse); see BandedOrder
   int tile_n = 0;         // cooperative only: output tile width, 128 or 256 (0: choose_tile_n)
   int cluster_m = 0;      // CTAs per cluster along M, 1 or 2 (2: the pair shares B through TMA multicast)
   bool pingpong = true;   // consumer warpgroups on alternate 128 x 128 tiles; false: cooperative
