@@ -1,11 +1,12 @@
 // Checks device::block_copy byte for byte; built and run by test_copy.py (nvcc -I cc).
 //   copy_harness          every (dst % 16, src % 16, size) case; exits 1 naming the first wrong one
-//   copy_harness bench    GB/s of a large device-to-device copy at a few relative alignments
+//   copy_harness bench    GB/s of large copies (within a GPU, and to a second one) at a few alignments
 // Sources lie at either edge of a mapped region with unmapped address space around it, so a read
 // past the aligned 16-byte words that hold source bytes faults instead of passing unseen.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -149,26 +150,36 @@ int check_all() {
   return 0;
 }
 
+// Copies 1 GiB within GPU 0, then, where there is a second GPU, from GPU 0 into GPU 1's memory with
+// stores over NVLink (all_gather's push), at several relative alignments.
 int bench() {
   const uint64_t bytes = 1ull << 30;
-  int sms;
+  int sms, gpus;
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "attribute");
+  check(cudaGetDeviceCount(&gpus), "cudaGetDeviceCount");
   char *src, *dst;
   check(cudaMalloc(&src, bytes + 64), "cudaMalloc");
-  check(cudaMalloc(&dst, bytes + 64), "cudaMalloc");
   cudaEvent_t start, stop;
   check(cudaEventCreate(&start), "event");
   check(cudaEventCreate(&stop), "event");
-  for (int d : {0, 1, 3, 4, 8, 9}) {
-    for (int i = 0; i < 3; ++i) copy_split<<<2 * sms, kThreads>>>(dst + d, src, bytes);
-    check(cudaEventRecord(start), "record");
-    constexpr int kIters = 10;
-    for (int i = 0; i < kIters; ++i) copy_split<<<2 * sms, kThreads>>>(dst + d, src, bytes);
-    check(cudaEventRecord(stop), "record");
-    check(cudaEventSynchronize(stop), "copy");
-    float ms;
-    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-    std::printf("dst - src = %d mod 16: %.0f GB/s (read + write)\n", d, 2.0 * bytes * kIters / (ms * 1e-3) / 1e9);
+  for (int target = 0; target < std::min(gpus, 2); ++target) {
+    check(cudaSetDevice(target), "cudaSetDevice");
+    check(cudaMalloc(&dst, bytes + 64), "cudaMalloc");
+    check(cudaSetDevice(0), "cudaSetDevice");
+    if (target != 0) check(cudaDeviceEnablePeerAccess(target, 0), "cudaDeviceEnablePeerAccess");
+    for (int d : {0, 1, 3, 4, 8, 9}) {
+      for (int i = 0; i < 3; ++i) copy_split<<<2 * sms, kThreads>>>(dst + d, src, bytes);
+      check(cudaEventRecord(start), "record");
+      constexpr int kIters = 10;
+      for (int i = 0; i < kIters; ++i) copy_split<<<2 * sms, kThreads>>>(dst + d, src, bytes);
+      check(cudaEventRecord(stop), "record");
+      check(cudaEventSynchronize(stop), "copy");
+      float ms;
+      check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+      std::printf("GPU 0 -> GPU %d, dst - src = %d mod 16: %.0f GB/s copied\n", target, d,
+                  1.0 * bytes * kIters / (ms * 1e-3) / 1e9);
+    }
+    check(cudaFree(dst), "cudaFree");
   }
   return 0;
 }
