@@ -304,6 +304,41 @@ def scenario_concurrency():
     group.barrier()
 
 
+def scenario_scratch_growth():
+    """A graph captured with a staged all_gather keeps its receive buffer when a larger eager call
+    grows the scratch; a gemm's first call for a new shape is captured too."""
+    group = interlace.init(heap_bytes=256 << 20)
+    small, big = 4099, (8 << 20) + 1
+    g_inp, g_out = shard(RANK, small, 20), poisoned(small)
+    stream = torch.cuda.Stream()
+    a = torch.randn(333, 264, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(264, 520, device="cuda", dtype=torch.bfloat16)
+    c = torch.full((333, 520), float("nan"), device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):  # first calls of both, inside the capture
+        interlace.all_gather(g_out, g_inp, group)
+        interlace.gemm(a, b, c)
+    e_inp, e_out = shard(RANK, big, 21), poisoned(big)
+    interlace.all_gather(e_out, e_inp, group)  # grows the scratch past the captured block
+    torch.cuda.synchronize()
+    for step in range(3):
+        g_inp.copy_(shard(RANK, small, 30 + step))
+        a.copy_(torch.randn_like(a))
+        g_out.fill_(float("nan"))
+        c.fill_(float("nan"))
+        graph.replay()
+        interlace.all_gather(e_out, e_inp, group)
+        torch.cuda.synchronize()
+        group.check()
+        expect(g_out, gathered(small, 30 + step), f"replay {step} after growth")
+        expect(e_out, gathered(big, 21), f"eager {step} after growth")
+        ref = a.double() @ b.double()
+        err = ((c.double() - ref).norm() / ref.norm()).item()
+        assert err < 1e-2, f"captured gemm: relative error {err}"
+    print(f"rank {RANK}: scratch growth after capture correct")
+    group.barrier()
+
+
 def scenario_graph_exit():
     """Captures graphs of interlace and NCCL ops, replays them, and exits: the test times the exit."""
     import torch.distributed as dist
@@ -338,6 +373,7 @@ SCENARIOS = {
     "mismatch": scenario_mismatch,
     "one_rank_fails": scenario_one_rank_fails,
     "concurrency": scenario_concurrency,
+    "scratch_growth": scenario_scratch_growth,
     "graph_exit": scenario_graph_exit,
 }
 

@@ -73,6 +73,10 @@ def test_streams_graphs_threads_and_a_gemm_alongside():
     run("concurrency")
 
 
+def test_scratch_growth_after_capture_and_first_calls_inside_capture():
+    run("scratch_growth")
+
+
 def test_process_with_captured_graphs_exits_promptly():
     results = run("graph_exit", timeout_s=120)
     done = time.time()
