@@ -128,6 +128,8 @@ def scenario_abort():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         interlace.all_gather(graph_out, inp, group)
+    graph_out.view(torch.int16).fill_(-1)  # capture ran nothing; every rank's copy is poisoned
+    torch.cuda.synchronize()
     group.barrier()
     if RANK == 1:
         gpu_sleep(3)  # these launches are queued behind the sleep when rank 0 aborts: none may store into rank 0
@@ -138,11 +140,9 @@ def scenario_abort():
     if RANK == 0:
         group.abort("test: rank 0 aborts")
         error = raises(group.check)
-        graph_out.view(torch.int16).fill_(-1)
-        torch.cuda.synchronize()
         group.barrier()
     else:
-        group.barrier()  # rank 0 has aborted and poisoned graph_out; replay the graph after the abort too
+        group.barrier()  # rank 0 has aborted: replay the graph after the abort too
         graph.replay()
         torch.cuda.synchronize()
         error = raises(group.check)

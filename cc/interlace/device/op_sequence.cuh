@@ -1,7 +1,8 @@
 // How every op kernel starts and ends, so that ranks agree on what they run before moving data.
 //
-// On entry each CTA reads the group's sticky abort word (exit at once if set: queued launches and
-// the rest of a captured graph never store into peers after an abort), numbers the op from the
+// On entry CTA 0 reads the group's sticky abort word in host memory and passes it to the other
+// CTAs through OpSignals::gate; all exit at once if it is set (queued launches and the rest of a
+// captured graph never store into peers after an abort). Each CTA numbers the op from the
 // device counter OpSignals::completed, publishes (number, signature) to every peer and waits for
 // theirs. A peer with another signature is a mismatch (fault, abort); a peer whose call of this op
 // failed its argument checks published kCancelSignature, and every rank then skips the op but
@@ -30,8 +31,18 @@ __device__ inline OpEntry op_begin(const Transport& t, const WaitContext& ctx, u
   __shared__ uint64_t number;
   OpSignals& ops = t.my_pad()->ops;
   if (threadIdx.x == 0) {
-    state = aborted(ctx.control) ? kStop : kRun;
     number = *reinterpret_cast<volatile uint64_t*>(&ops.completed) + 1;
+    bool stop;
+    if (blockIdx.x == 0) {
+      stop = device_aborted(t.my_pad()) || host_aborted(ctx.control);
+      if (stop) mark_aborted(t.my_pad());
+      store_release_gpu(&ops.gate, number << 1 | (stop ? 1 : 0));
+    } else {
+      // CTA 0 starts first in practice (CTAs are dispatched in order), so this wait is short.
+      const uint64_t gate = wait_at_least_local(&ops.gate, number << 1, ctx);
+      stop = gate == 0 || (gate & 1) != 0;
+    }
+    state = stop ? kStop : kRun;
   }
   __syncthreads();
   const bool stop = state == kStop;
@@ -63,11 +74,13 @@ __device__ inline OpEntry op_begin(const Transport& t, const WaitContext& ctx, u
 }
 
 // Called by all threads of every CTA that did not stop: the last CTA out counts the op as done.
+// (The op's number is read again here rather than kept live through the op: registers are scarce.)
 template <class Transport>
-__device__ inline void op_end(const Transport& t, uint64_t number) {
+__device__ inline void op_end(const Transport& t) {
   __syncthreads();
   if (threadIdx.x == 0) {
     OpSignals& ops = t.my_pad()->ops;
+    const uint64_t number = *reinterpret_cast<volatile uint64_t*>(&ops.completed) + 1;
     __threadfence();
     if (atomicAdd(&ops.exited, 1u) == gridDim.x - 1) {
       ops.exited = 0;

@@ -14,6 +14,7 @@ const char* flag_name(FlagId flag) {
   switch (flag) {
     case FlagId::kHello: return "hello";
     case FlagId::kDone: return "done";
+    case FlagId::kGate: return "gate (CTA 0's abort check)";
     default: return "unknown flag";
   }
 }

@@ -23,7 +23,7 @@ constexpr int kMaxLocalRanks = 72;
 constexpr int kMaxBlocks = 1024;
 
 enum class OpId : int32_t { kNone = 0, kAllGather = 1, kCancel = 2 };
-enum class FlagId : int32_t { kNone = 0, kHello = 1, kDone = 2 };
+enum class FlagId : int32_t { kNone = 0, kHello = 1, kDone = 2, kGate = 3 };
 
 // The handshake every op kernel makes on entry (device/op_sequence.cuh). Ops of a group run one
 // after another on each rank (Group chains them), so a device counter numbers them; a kernel for op
@@ -39,8 +39,13 @@ struct OpSignals {
   // hello this rank has yet to read.
   uint64_t hello[2][kMaxLocalRanks];
   uint64_t completed;      // local: ops this rank's kernels have finished
+  // local: (op number << 1 | aborted), from CTA 0's one read of the host's abort word for that op.
+  // Other CTAs wait for it instead of each reading host memory: hundreds of reads of one host
+  // address at a kernel's start queue behind each other on PCIe (milliseconds, measured).
+  uint64_t gate;
   uint32_t exited;         // local: CTAs of the running op that have finished it
   uint32_t fault_claimed;  // local: the first CTA to fail claims the fault record
+  uint32_t aborted;        // local, sticky: a copy of the host's abort word, once any CTA has seen it
 };
 
 constexpr uint64_t kOpRegionBytes = uint64_t{1} << 20;

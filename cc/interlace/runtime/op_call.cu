@@ -13,7 +13,7 @@ namespace {
 __global__ void cancel_kernel(const __grid_constant__ device::NvlinkTransport t,
                               const __grid_constant__ device::WaitContext ctx) {
   const device::OpEntry entry = device::op_begin(t, ctx, kCancelSignature);
-  if (entry.start != device::kStop) device::op_end(t, entry.number);
+  if (entry.start != device::kStop) device::op_end(t);
 }
 
 }  // namespace

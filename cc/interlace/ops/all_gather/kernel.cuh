@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kAllGatherThreads, 3)
   const device::OpEntry entry = device::op_begin(t, p.wait, p.signature);
   if (entry.start == device::kStop) return;
   if (entry.start == device::kSkip) {
-    device::op_end(t, entry.number);
+    device::op_end(t);
     return;
   }
   AllGatherFlags& flags = *op_flags<AllGatherFlags>(t.my_pad(), OpId::kAllGather);
@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kAllGatherThreads, 3)
   if (failed) return;
   if (staged && p.rounds > 0) copy_received(p, p.rounds - 1);
   if (threadIdx.x == 0) flags.rounds[blockIdx.x] = seq + p.rounds;
-  device::op_end(t, entry.number);
+  device::op_end(t);
 }
 
 }  // namespace interlace
