@@ -226,7 +226,7 @@ NB_MODULE(_interlace, m) {
         [](std::vector<size_t> shape, const std::string& dtype, int device) {
           nb::dlpack::dtype dt = parse_dtype(dtype);
           void* data = nullptr;
-          IL_CUDA_CHECK(cudaSetDevice(device));
+          DeviceGuard guard(device);
           IL_CUDA_CHECK(cudaMalloc(&data, std::max<size_t>(nbytes_of(shape, dt), 1)));
           nb::capsule owner(data, [](void* p) noexcept { cudaFree(p); });
           return nb::ndarray<nb::array_api>(data, shape.size(), shape.data(), owner, nullptr, dt, nb::device::cuda::value,

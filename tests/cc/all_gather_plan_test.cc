@@ -35,8 +35,10 @@ TEST(AllGatherPlan, TuningIsCheckedAndUsed) {
 }
 
 TensorView cuda_tensor(DLDataType dtype, std::vector<int64_t> shape, int device = 0) {
+  static uintptr_t next = 0x10000;  // tensors apart from each other, as separate allocations are
   TensorView t;
-  t.data = reinterpret_cast<void*>(0x10000);
+  t.data = reinterpret_cast<void*>(next);
+  next += uintptr_t{1} << 32;
   t.device = {kDLCUDA, device};
   t.dtype = dtype;
   t.shape = std::move(shape);
@@ -72,6 +74,27 @@ TEST(AllGatherArgs, EachBadArgumentIsNamed) {
   cpu.device = {kDLCPU, 0};
   EXPECT_NE(error_of(cuda_tensor(kBf16, {8}), cpu).find("inp is on cpu"), std::string::npos);
   EXPECT_NE(error_of(cuda_tensor(kBf16, {8}, 1), cuda_tensor(kBf16, {4})).find("out is on cuda:1"), std::string::npos);
+}
+
+TEST(AllGatherArgs, OverlappingOutAndInpAreRefused) {
+  static char buffer[1 << 12];
+  TensorView out = cuda_tensor(kBf16, {8}), inp = cuda_tensor(kBf16, {4});
+  out.data = buffer;
+  inp.data = buffer + 8;  // inside out
+  EXPECT_NE(error_of(out, inp).find("overlap"), std::string::npos);
+  inp.data = buffer + 16;  // just past out's 16 bytes
+  EXPECT_EQ(error_of(out, inp), "");
+}
+
+TEST(AllGatherPlan, RoundsThatOverflowTheCounterAreRefused) {
+  // 2^31 rounds of one 16-byte chunk on one CTA.
+  try {
+    plan_all_gather(uint64_t{16} << 31, 1, AllGatherTuning{1, 16});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("32-bit round counter"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(plan_all_gather(uint64_t{1} << 40, 396).rounds, (uint64_t{1} << 40) / (65536 * 396) + 1);
 }
 
 }  // namespace

@@ -300,6 +300,16 @@ def scenario_concurrency():
     torch.cuda.synchronize()
     group.check()
     expect(out, gathered(N, 101), "beside a GEMM")
+    # Called while another GPU is current: the call runs on the group's GPU and leaves the caller's current.
+    mine = torch.cuda.current_device()
+    other = (mine + 1) % torch.cuda.device_count()
+    out = poisoned(N)
+    torch.cuda.set_device(other)
+    interlace.all_gather(out, inputs[2], group)
+    assert torch.cuda.current_device() == other, "all_gather changed the current device"
+    torch.cuda.set_device(mine)
+    torch.cuda.synchronize()
+    expect(out, gathered(N, 102), "called with another GPU current")
     print(f"rank {RANK}: concurrency cases correct")
     group.barrier()
 

@@ -152,6 +152,8 @@ SymmetricHeap::SymmetricHeap(Bootstrap& bootstrap, const Topology& topo, int dev
 
 SymmetricHeap::~SymmetricHeap() {
   const DriverApi& cu = driver();
+  int previous = -1;
+  cudaGetDevice(&previous);
   cudaSetDevice(device_);
   cudaDeviceSynchronize();
   for (size_t p = 0; p < bases_.size(); ++p) {
@@ -162,6 +164,7 @@ SymmetricHeap::~SymmetricHeap() {
     if (peer_handles_[p]) cu.cuMemRelease(peer_handles_[p]);
   }
   if (handle_) cu.cuMemRelease(handle_);
+  if (previous >= 0) cudaSetDevice(previous);
 }
 
 long long SymmetricHeap::offset_of(const void* ptr, size_t bytes) const {

@@ -24,9 +24,22 @@ AllGatherPlan plan_all_gather(uint64_t bytes_per_rank, int resident_blocks, AllG
     plan.chunk_bytes = std::clamp<uint64_t>((per_block + 15) / 16 * 16, kAllGatherMinChunk, kAllGatherMaxChunk);
   }
   const uint64_t per_round = plan.chunk_bytes * plan.num_blocks;
-  plan.rounds = static_cast<int>((bytes_per_rank + per_round - 1) / per_round);
+  const uint64_t rounds = (bytes_per_rank + per_round - 1) / per_round;
+  IL_CHECK(rounds < (uint64_t{1} << 31), "all_gather: ", bytes_per_rank, " bytes per rank in chunks of ",
+           plan.chunk_bytes, " over ", plan.num_blocks, " CTAs needs ", rounds,
+           " rounds, more than the kernel's 32-bit round counter allows; pass a larger chunk_bytes");
+  plan.rounds = static_cast<int>(rounds);
   return plan;
 }
+
+namespace {
+
+bool overlaps(const TensorView& a, const TensorView& b) {
+  const auto lo_a = reinterpret_cast<uintptr_t>(a.data), lo_b = reinterpret_cast<uintptr_t>(b.data);
+  return a.nbytes() > 0 && b.nbytes() > 0 && lo_a < lo_b + b.nbytes() && lo_b < lo_a + a.nbytes();
+}
+
+}  // namespace
 
 void check_all_gather_args(const TensorView& out, const TensorView& inp, int world_size, int device) {
   IL_CHECK(out.dtype.code == inp.dtype.code && out.dtype.bits == inp.dtype.bits && out.dtype.lanes == inp.dtype.lanes,
@@ -45,6 +58,7 @@ void check_all_gather_args(const TensorView& out, const TensorView& inp, int wor
            inp.device_string(), " but the group's GPU is cuda:", device);
   IL_CHECK(out.device.device_type == kDLCUDA && out.device.device_id == device, "all_gather: out is on ",
            out.device_string(), " but the group's GPU is cuda:", device);
+  IL_CHECK(!overlaps(out, inp), "all_gather: out and inp overlap; they must be separate memory");
 }
 
 }  // namespace interlace

@@ -32,7 +32,7 @@ AllGatherPlan plan_all_gather(uint64_t bytes_per_rank, int resident_blocks, AllG
 
 // Raises, naming the argument, unless out can hold world_size shards of inp on `device`:
 // same dtype; out shaped [world_size, *inp.shape] or [world_size * inp.shape[0], *inp.shape[1:]];
-// both C-contiguous CUDA tensors on `device`.
+// both C-contiguous CUDA tensors on `device`, in memory that does not overlap.
 void check_all_gather_args(const TensorView& out, const TensorView& inp, int world_size, int device);
 
 }  // namespace interlace
