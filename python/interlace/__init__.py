@@ -26,6 +26,8 @@ def init(*, rank=None, world_size=None, master_addr=None, master_port=None, secr
 
     Unset arguments come from the launcher's environment (torchrun, mpirun, srun; see DESIGN.md).
     heap_bytes: size of this rank's symmetric heap (equal on every rank).
+    secret: the job's shared secret (default: INTERLACE_SECRET); required when master_addr is not a
+      loopback address, so that no other process can join the rendezvous.
     timeout_s: how long a GPU wait for a peer may last before the group aborts. A last resort: a dead
       rank is noticed within a second through its closed connection, and then every rank's kernels stop.
     heartbeat_timeout_s: a rank from which nothing arrives for this long (its host is down) is taken
