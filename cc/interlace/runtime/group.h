@@ -9,15 +9,14 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "interlace/device/signal_pad.h"
 #include "interlace/runtime/bootstrap.h"
+#include "interlace/runtime/signature_cache.h"
 #include "interlace/runtime/symmetric_heap.h"
 #include "interlace/runtime/topology.h"
 #include "interlace/runtime/watchdog.h"
@@ -94,10 +93,7 @@ class Group {
   std::recursive_mutex mutex_;
   cudaEvent_t last_op_ = nullptr;
   uint64_t calls_ = 0;  // op calls so far, failed ones included: ranks number them alike
-  // Signatures every rank has agreed on, most recent first; bounded.
-  static constexpr size_t kMaxSignatures = 1024;
-  std::list<std::string> agreed_;
-  std::unordered_map<std::string, std::list<std::string>::iterator> agreed_index_;
+  SignatureCache agreed_{1024};  // signatures every rank has agreed on
 
   size_t scratch_offset_ = 0;
   size_t scratch_bytes_ = 0;

@@ -48,8 +48,7 @@ uint64_t OpCall::agree(const std::function<std::string()>& checks) {
     cancel_on_device();
     throw;
   }
-  auto known = group_.agreed_index_.find(signature);
-  const bool seen_before = known != group_.agreed_index_.end();
+  const bool seen_before = group_.agreed_.touch(signature);
   const Verdict verdict = watchdog.vote(call_, signature, /*failed=*/false, /*wait=*/!seen_before);
   switch (verdict.kind) {
     case Verdict::kAgreed:
@@ -62,16 +61,7 @@ uint64_t OpCall::agree(const std::function<std::string()>& checks) {
       group_.check();  // raises, naming what aborted the group
       IL_FAIL("rank ", group_.rank(), ": ", op_name(op_), ": ", verdict.text);
   }
-  if (seen_before) {
-    group_.agreed_.splice(group_.agreed_.begin(), group_.agreed_, known->second);
-  } else {
-    group_.agreed_.push_front(signature);
-    group_.agreed_index_[signature] = group_.agreed_.begin();
-    if (group_.agreed_.size() > Group::kMaxSignatures) {
-      group_.agreed_index_.erase(group_.agreed_.back());
-      group_.agreed_.pop_back();
-    }
-  }
+  if (!seen_before) group_.agreed_.add(signature);
   return signature_hash(signature);
 }
 
