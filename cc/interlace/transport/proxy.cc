@@ -1,0 +1,65 @@
+#include "interlace/transport/proxy.h"
+
+#include <chrono>
+
+#include "interlace/base/error.h"
+
+namespace interlace {
+using detail::concat;
+
+Proxy::Proxy(ProxyQueue queue, ProxyBackend& backend, int world_size,
+             std::function<void(const std::string&)> on_failure)
+    : queue_(queue), backend_(backend), world_size_(world_size), on_failure_(std::move(on_failure)) {
+  IL_CHECK(queue.capacity > 0 && (queue.capacity & (queue.capacity - 1)) == 0,
+           "proxy: the queue's capacity must be a power of two, got ", queue.capacity);
+  thread_ = std::thread([this] { run(); });
+}
+
+Proxy::~Proxy() {
+  stop_ = true;
+  thread_.join();
+}
+
+void Proxy::fail(const std::string& why) {
+  if (failed_) return;
+  failed_ = true;
+  on_failure_(why);
+}
+
+bool Proxy::take_published() {
+  uint64_t next = taken_.load(std::memory_order_relaxed);
+  const uint64_t first = next;
+  while (true) {
+    ProxyRequest& slot = queue_.slots[next & (queue_.capacity - 1)];
+    if (fifo_detail::load_acquire(&slot.ticket) != next + 1) break;
+    if (!failed_) {
+      const ProxyWrite w{slot.peer, slot.src_offset, slot.dst_offset, slot.bytes, slot.flag_offset, slot.add};
+      if (w.peer < 0 || w.peer >= world_size_) {
+        fail(concat("proxy: a kernel posted a write to rank ", w.peer, ", outside the group of ", world_size_));
+      } else if (!backend_.post(w)) {
+        break;  // full: leave the slot, and its credit, until there is room
+      }
+    }
+    ++next;
+    taken_.store(next, std::memory_order_relaxed);
+    fifo_detail::store_release(queue_.consumed, next);
+  }
+  return next != first;
+}
+
+void Proxy::run() {
+  int idle = 0;
+  while (!stop_.load(std::memory_order_relaxed)) {
+    const bool took = take_published();
+    if (!failed_) {
+      backend_.progress();
+      const std::string why = backend_.failure();
+      if (!why.empty()) fail(why);
+    }
+    // Spin while there is traffic (latency matters); back off to short sleeps when there is none.
+    idle = took ? 0 : idle + 1;
+    if (idle > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+}  // namespace interlace
