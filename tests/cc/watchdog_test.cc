@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,7 +30,7 @@ int free_port() { return bound_port(listen_tcp("127.0.0.1", 0)); }
 struct Rank {
   int rank;
   Bootstrap& bootstrap;
-  Watchdog& watchdog;
+  std::unique_ptr<Watchdog>& watchdog;
   volatile int32_t& abort_word;
 };
 
@@ -45,7 +46,8 @@ double wait_for_abort(const Rank& r, double seconds) {
 
 // Runs body(rank) in `world` processes; a child exits 0 when its body returns true. A failure's
 // text goes to stderr. Returns the exit codes (a killed child gives -signal).
-std::vector<int> run(int world, double heartbeat_timeout_s, const std::function<bool(Rank&)>& body) {
+std::vector<int> run(int world, double heartbeat_timeout_s, const std::function<bool(Rank&)>& body,
+                     double vote_timeout_s = 30) {
   const int port = free_port();
   std::vector<pid_t> pids;
   for (int rank = 0; rank < world; ++rank) {
@@ -61,10 +63,18 @@ std::vector<int> run(int world, double heartbeat_timeout_s, const std::function<
         o.timeout_s = 20;
         Bootstrap bootstrap(o);
         volatile int32_t abort_word = 0;
-        Watchdog watchdog(bootstrap, &abort_word, [] { return std::string("a kernel of this rank stopped"); },
-                          heartbeat_timeout_s);
+        auto watchdog = std::make_unique<Watchdog>(
+            bootstrap, &abort_word, [] { return std::string("a kernel of this rank stopped"); }, heartbeat_timeout_s,
+            vote_timeout_s);
         Rank r{rank, bootstrap, watchdog, abort_word};
         ok = body(r);
+        if (watchdog) {  // leave as Group does: meet the others, then say goodbye
+          try {
+            bootstrap.barrier();
+            watchdog->leaving_cleanly();
+          } catch (const Error&) {
+          }
+        }
       } catch (const Error& e) {
         fprintf(stderr, "rank %d: %s\n", rank, e.what());
       }
@@ -86,13 +96,13 @@ TEST(Watchdog, DeadRankAbortsEveryOtherRankWithinSeconds) {
     r.bootstrap.barrier();
     if (r.rank == 2) ::_exit(7);  // like a crash: no goodbye
     const double took = wait_for_abort(r, 5);
-    const std::string why = r.watchdog.abort_reason();
+    const std::string why = r.watchdog->abort_reason();
     if (took < 0 || took > 3 || why.find("rank 2 died") == std::string::npos) {
       fprintf(stderr, "rank %d: abort after %.2f s: '%s'\n", r.rank, took, why.c_str());
       return false;
     }
     // A waiting vote returns at once on an aborted group.
-    return r.watchdog.vote(1, "op", false, true).kind == Verdict::kAborted;
+    return r.watchdog->vote(1, "op", false, true).kind == Verdict::kAborted;
   });
   EXPECT_EQ(codes, (std::vector<int>{0, 0, 7}));
 }
@@ -102,8 +112,12 @@ TEST(Watchdog, SlowRankIsNotDead) {
   // timeout is alive.
   auto codes = run(2, 2.5, [](Rank& r) {
     if (r.rank == 1) std::this_thread::sleep_for(std::chrono::seconds(5));
-    const Verdict v = r.watchdog.vote(1, "all_gather(8)", false, true);
-    return v.kind == Verdict::kAgreed && !r.abort_word;
+    const Verdict v = r.watchdog->vote(1, "all_gather(8)", false, true);
+    if (v.kind != Verdict::kAgreed || r.abort_word) {
+      fprintf(stderr, "rank %d: verdict %d, abort '%s'\n", r.rank, v.kind, r.watchdog->abort_reason().c_str());
+      return false;
+    }
+    return true;
   });
   EXPECT_EQ(codes, (std::vector<int>{0, 0}));
 }
@@ -116,7 +130,7 @@ TEST(Watchdog, SilentRankIsTakenForDeadAfterTheHeartbeatTimeout) {
       return true;
     }
     const double took = wait_for_abort(r, 8);
-    const std::string why = r.watchdog.abort_reason();
+    const std::string why = r.watchdog->abort_reason();
     ::kill(std::stoi(pids[1]), SIGKILL);
     if (took < 1.5 || took > 5 || why.find("sent nothing") == std::string::npos) {
       fprintf(stderr, "abort after %.2f s: '%s'\n", took, why.c_str());
@@ -135,14 +149,14 @@ TEST(Watchdog, AbortFromTheHostOrAKernelReachesEveryRank) {
         if (from_kernel) {
           r.abort_word = 1;  // what a kernel's failed wait does
         } else {
-          r.watchdog.abort("user abort on rank 1");
+          r.watchdog->abort("user abort on rank 1");
         }
       }
       const double took = wait_for_abort(r, 5);
-      std::string why = r.watchdog.abort_reason();
+      std::string why = r.watchdog->abort_reason();
       for (int i = 0; i < 200 && why.empty(); ++i) {  // where a kernel set the word, the reason follows it
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        why = r.watchdog.abort_reason();
+        why = r.watchdog->abort_reason();
       }
       const std::string want = from_kernel ? "a kernel of this rank stopped" : "user abort on rank 1";
       r.bootstrap.barrier();  // stay until every rank has seen it
@@ -156,26 +170,26 @@ TEST(Watchdog, VotesAgreeCancelAndMismatch) {
   auto codes = run(3, 30, [](Rank& r) {
     bool ok = true;
     // 1: the same signature everywhere; rank 2 does not wait (its signature was known).
-    Verdict v = r.watchdog.vote(1, "all_gather(64)", false, r.rank != 2);
+    Verdict v = r.watchdog->vote(1, "all_gather(64)", false, r.rank != 2);
     ok = ok && v.kind == Verdict::kAgreed;
     // 2: rank 1's checks fail; rank 0 waits and hears why; rank 2 (not waiting) can read it later.
-    v = r.watchdog.vote(2, r.rank == 1 ? "bad dtype" : "all_gather(64)", r.rank == 1, r.rank == 0);
+    v = r.watchdog->vote(2, r.rank == 1 ? "bad dtype" : "all_gather(64)", r.rank == 1, r.rank == 0);
     if (r.rank == 0) ok = ok && v.kind == Verdict::kCancelled && v.text.find("bad dtype") != std::string::npos;
     if (r.rank == 2) {
       std::string why;
       for (int i = 0; i < 300 && why.empty(); ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        why = r.watchdog.take_cancel_reason();
+        why = r.watchdog->take_cancel_reason(2);
       }
       ok = ok && why.find("rank 1's call #2") != std::string::npos;
     }
     // 3: different new signatures, all waiting: everyone is told, nobody aborts.
-    v = r.watchdog.vote(3, "all_gather(" + std::to_string(r.rank) + ")", false, true);
+    v = r.watchdog->vote(3, "all_gather(" + std::to_string(r.rank) + ")", false, true);
     ok = ok && v.kind == Verdict::kCancelled && v.text.find("different op calls") != std::string::npos;
     ok = ok && !r.abort_word;
     // 4: different known signatures, nobody waiting: the group aborts.
-    r.watchdog.vote(4, "op" + std::to_string(r.rank), false, false);
-    ok = ok && wait_for_abort(r, 5) >= 0 && r.watchdog.abort_reason().find("different op calls") != std::string::npos;
+    r.watchdog->vote(4, "op" + std::to_string(r.rank), false, false);
+    ok = ok && wait_for_abort(r, 5) >= 0 && r.watchdog->abort_reason().find("different op calls") != std::string::npos;
     r.bootstrap.barrier();
     if (!ok) fprintf(stderr, "rank %d failed\n", r.rank);
     return ok;
@@ -183,12 +197,60 @@ TEST(Watchdog, VotesAgreeCancelAndMismatch) {
   EXPECT_EQ(codes, (std::vector<int>{0, 0, 0}));
 }
 
-TEST(Watchdog, CleanShutdownIsNotADeath) {
+TEST(Watchdog, CleanShutdownIsNotADeathButLeavingEarlyIs) {
+  for (bool clean : {true, false}) {
+    auto codes = run(3, 30, [clean](Rank& r) {
+      r.bootstrap.barrier();
+      if (r.rank == 2) {
+        if (clean) r.watchdog->leaving_cleanly();  // what Group does after its final barrier
+        r.watchdog.reset();
+        r.bootstrap.barrier();
+        return true;
+      }
+      const double took = wait_for_abort(r, 2);
+      r.bootstrap.barrier();
+      const std::string why = r.watchdog->abort_reason();
+      return clean ? took < 0 : (took >= 0 && why.find("rank 2 died") != std::string::npos);
+    });
+    EXPECT_EQ(codes, (std::vector<int>{0, 0, 0})) << (clean ? "clean" : "early");
+  }
+}
+
+TEST(Watchdog, ACallSomeRankNeverMakesAbortsNamingIt) {
   auto codes = run(3, 30, [](Rank& r) {
+    if (r.rank == 2) {  // never votes on call 1, but stays alive
+      const bool aborted = wait_for_abort(r, 10) >= 0;
+      r.bootstrap.barrier();
+      return aborted;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    const Verdict v = r.watchdog->vote(1, "all_gather(8)", false, true);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const std::string why = r.watchdog->abort_reason();
     r.bootstrap.barrier();
-    return !r.abort_word;  // then every rank's watchdog says goodbye in its destructor
-  });
+    if (v.kind != Verdict::kAborted || took > 6 || why.find("never made by rank(s) 2") == std::string::npos) {
+      fprintf(stderr, "rank %d: verdict %d after %.2f s: '%s'\n", r.rank, v.kind, took, why.c_str());
+      return false;
+    }
+    return true;
+  }, /*vote_timeout_s=*/2);
   EXPECT_EQ(codes, (std::vector<int>{0, 0, 0}));
+}
+
+TEST(Watchdog, CancelReasonsAreKeptPerCall) {
+  auto codes = run(2, 30, [](Rank& r) {
+    // Rank 1's calls 1 and 2 fail; rank 0's kernels would skip both, and check() reports them in order.
+    r.watchdog->vote(1, r.rank == 1 ? "first reason" : "op", r.rank == 1, false);
+    r.watchdog->vote(2, r.rank == 1 ? "second reason" : "op", r.rank == 1, false);
+    r.bootstrap.barrier();
+    if (r.rank == 1) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const std::string second = r.watchdog->take_cancel_reason(2);
+    const std::string first = r.watchdog->take_any_cancel_reason();
+    return second.find("second reason") != std::string::npos && first.find("first reason") != std::string::npos &&
+           r.watchdog->take_any_cancel_reason().empty();
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
 }
 
 }  // namespace

@@ -49,7 +49,7 @@ Group::Group(GroupOptions options) : options_(std::move(options)) {
   IL_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&control_device_), control_host_, 0));
   IL_CUDA_CHECK(cudaEventCreateWithFlags(&last_op_, cudaEventDisableTiming));
   watchdog_ = std::make_unique<Watchdog>(*bootstrap_, &control_host_->abort, [this] { return describe_abort(); },
-                                         options_.heartbeat_timeout_s);
+                                         options_.heartbeat_timeout_s, options_.timeout_s);
   heap_ = std::make_unique<SymmetricHeap>(*bootstrap_, topo_, device_, options_.heap_bytes);
 }
 
@@ -58,7 +58,10 @@ Group::~Group() {
   // already gone must not turn this into a hang or an exception.
   const bool aborted = control_host_ && control_host_->abort;
   try {
-    if (!aborted) bootstrap_->barrier();
+    if (!aborted) {
+      bootstrap_->barrier();
+      if (watchdog_) watchdog_->leaving_cleanly();  // else peers must take this rank's exit for a death
+    }
   } catch (...) {
   }
   // The heap's teardown waits for this GPU's kernels; the watchdog stays until then, so that a
@@ -95,26 +98,30 @@ std::string Group::describe_abort() {
   return device.empty() || host.find(device) != std::string::npos ? host : concat(host, "; ", device);
 }
 
-void Group::check() {
+void Group::check_aborted() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   IL_CHECK(broken_.empty(), broken_);
-  volatile HostControl* c = control_host_;
-  if (c->abort) {
+  if (control_host_->abort) {
     broken_ = concat("rank ", topo_.rank, ": the group is aborted: ", describe_abort(),
                      ". It stays unusable: every later call raises; create a new group.");
     IL_FAIL(broken_);
   }
-  if (c->cancelled) {
-    c->cancelled = 0;
-    // The kernel can learn of the cancel before the watchdog's message with the reason arrives.
-    std::string why = watchdog_->take_cancel_reason();
-    for (int i = 0; i < 200 && why.empty(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      why = watchdog_->take_cancel_reason();
-    }
-    IL_FAIL("rank ", topo_.rank, ": an op call was skipped on the GPU because another rank's call of it failed: ",
-            why.empty() ? "(no reason arrived)" : why, ". The group is still usable.");
+}
+
+void Group::check() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  check_aborted();
+  // A call that another rank's failed checks cancelled: this rank's kernel skipped it. Every rank
+  // hears of each cancel from rank 0; the kernel's flag may be seen first, so give the word a moment.
+  volatile HostControl* c = control_host_;
+  std::string why = watchdog_->take_any_cancel_reason();
+  for (int i = 0; i < 200 && why.empty() && c->cancelled; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    why = watchdog_->take_any_cancel_reason();
   }
+  c->cancelled = 0;
+  IL_CHECK(why.empty(), "rank ", topo_.rank, ": an op call was not run on any rank: ", why,
+           ". The group is still usable.");
 }
 
 void Group::abort(const std::string& why) {

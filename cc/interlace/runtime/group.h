@@ -27,8 +27,8 @@ struct GroupOptions {
   BootstrapOptions bootstrap;
   int device = -1;                     // CUDA device; default: the launcher's local rank, else the node-local index
   size_t heap_bytes = size_t{1} << 30;
-  // A device wait this long means a peer is stuck rather than slow. Dead peers are caught sooner,
-  // by the watchdog; this is the last resort.
+  // A device wait this long, or a new call some rank has not made for this long, means a peer is
+  // stuck rather than slow. Dead peers are caught sooner, by the watchdog; this is the last resort.
   double timeout_s = 300.0;
   // A rank from which nothing (not even the watchdog's heartbeat, sent every second) arrives for
   // this long is taken for dead. Process deaths are seen at once, through the closed connection.
@@ -58,6 +58,8 @@ class Group {
   // argument checks (reported once; the group stays usable). Ops call it first; callers call it
   // after synchronizing.
   void check();
+  // Raises only if the group is aborted.
+  void check_aborted();
   // Aborts the group on every rank, like ncclCommAbort: kernels stop, later calls raise.
   void abort(const std::string& why = "");
 

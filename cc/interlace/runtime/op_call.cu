@@ -30,23 +30,43 @@ uint64_t signature_hash(const std::string& signature) {
 
 OpCall::OpCall(Group& group, OpId op, cudaStream_t stream)
     : lock_(group.mutex_), device_(group.device()), group_(group), op_(op), stream_(stream) {
-  group.check();
+  // Only an abort stops a call before it is numbered: anything else this rank has to report (an
+  // earlier call its kernel skipped) waits until this call is issued, so that ranks keep numbering
+  // their calls alike.
+  group.check_aborted();
   call_ = ++group.calls_;
+}
+
+void OpCall::check_stream() {
+  int device = -1;
+  const cudaError_t err = cudaStreamGetDevice(stream_, &device);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    IL_FAIL(op_name(op_), ": the stream is not usable (", cudaGetErrorString(err), ")");
+  }
+  IL_CHECK(device == group_.device(), op_name(op_), ": the stream belongs to cuda:", device,
+           " but the group's GPU is cuda:", group_.device());
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  // A bad stream must fail the call's checks on every rank, not here, before the vote.
-  if (cudaStreamIsCapturing(stream_, &capture) != cudaSuccess) cudaGetLastError();
+  IL_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
   capturing_ = capture == cudaStreamCaptureStatusActive;
 }
 
 uint64_t OpCall::agree(const std::function<std::string()>& checks) {
   Watchdog& watchdog = *group_.watchdog_;
   std::string signature;
+  std::string failure;
   try {
+    check_stream();
     signature = checks();
   } catch (const Error& e) {
-    watchdog.vote(call_, e.what(), /*failed=*/true, /*wait=*/false);
+    failure = e.what();
+  } catch (const std::exception& e) {
+    failure = concat(op_name(op_), ": ", e.what());
+  }
+  if (!failure.empty()) {  // every rank must hear of it, whatever went wrong
+    watchdog.vote(call_, failure, /*failed=*/true, /*wait=*/false);
     cancel_on_device();
-    throw;
+    throw Error(failure);
   }
   const bool seen_before = group_.agreed_.touch(signature);
   const Verdict verdict = watchdog.vote(call_, signature, /*failed=*/false, /*wait=*/!seen_before);
@@ -54,7 +74,7 @@ uint64_t OpCall::agree(const std::function<std::string()>& checks) {
     case Verdict::kAgreed:
       break;
     case Verdict::kCancelled:
-      watchdog.take_cancel_reason();  // reported here, not again by check()
+      watchdog.take_cancel_reason(call_);  // reported here, not again by check()
       cancel_on_device();
       IL_FAIL("rank ", group_.rank(), ": ", op_name(op_), " was not run: ", verdict.text);
     default:
@@ -66,6 +86,26 @@ uint64_t OpCall::agree(const std::function<std::string()>& checks) {
 }
 
 void OpCall::launch(const std::function<void(cudaStream_t)>& kernel) {
+  try {
+    issue(kernel);
+  } catch (const Error& e) {
+    // Every rank has agreed on this call and may have queued its kernel: a rank that cannot launch
+    // its own would leave them waiting, so the group aborts.
+    group_.abort(concat("rank ", group_.rank(), " could not launch ", op_name(op_), ": ", e.what()));
+    throw;
+  }
+  // Now that this call is issued (so every rank's numbering stays in step), report a call that this
+  // rank's kernel skips, or skipped, because another rank's call of it failed.
+  Watchdog& watchdog = *group_.watchdog_;
+  const std::string this_call = watchdog.take_cancel_reason(call_);
+  IL_CHECK(this_call.empty(), "rank ", group_.rank(), ": ", op_name(op_), " was not run on any rank: ", this_call,
+           ". The group is still usable.");
+  const std::string earlier = watchdog.take_any_cancel_reason();
+  IL_CHECK(earlier.empty(), "rank ", group_.rank(), ": an earlier op call was not run on any rank: ", earlier,
+           ". (This call, ", op_name(op_), ", was issued normally.)");
+}
+
+void OpCall::issue(const std::function<void(cudaStream_t)>& kernel) {
   const bool capturing = capturing_;
   IL_CUDA_CHECK(cudaStreamWaitEvent(stream_, group_.last_op_, capturing ? cudaEventWaitExternal : cudaEventWaitDefault));
   kernel(stream_);
@@ -84,9 +124,18 @@ void OpCall::cancel_on_device() {
   device::WaitContext ctx{group_.rank(), OpId::kCancel, group_.heap().pad(topo.local_rank), group_.device_control(),
                           group_.timeout_ns()};
   try {
-    launch([&](cudaStream_t s) { cancel_kernel<<<1, 128, 0, s>>>(t, ctx); });
-  } catch (const Error&) {
-    // The call's own error is the one to report; an unusable stream leaves peers to their timeout.
+    try {
+      issue([&](cudaStream_t s) { cancel_kernel<<<1, 128, 0, s>>>(t, ctx); });
+    } catch (const Error&) {
+      // The call's own stream may be what failed its checks: the group's chaining event orders the
+      // cancel as well on this thread's stream of the group's GPU.
+      stream_ = cudaStreamPerThread;
+      capturing_ = false;
+      issue([&](cudaStream_t s) { cancel_kernel<<<1, 128, 0, s>>>(t, ctx); });
+    }
+  } catch (const Error& e) {
+    // Peers' kernels wait for this rank's place in the op sequence: without it they never finish.
+    group_.abort(concat("rank ", group_.rank(), " could not cancel ", op_name(op_), " on its GPU: ", e.what()));
   }
 }
 

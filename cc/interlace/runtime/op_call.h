@@ -7,7 +7,7 @@
 //   });
 //   call.launch([&](cudaStream_t s) { kernel<<<grid, block, 0, s>>>(params_with(signature)); });
 //
-// agree() numbers the call and votes its signature through the watchdog: a signature seen before
+// The constructor numbers the call; agree() votes its signature through the watchdog: a signature seen before
 // returns at once (the kernels' handshake still compares it), a new one waits for every rank's
 // vote. If the checks raise on any rank, every rank raises, promptly, and each cancels the call on
 // the device too (a tiny kernel that takes the call's place in the op sequence), so kernels that
@@ -41,10 +41,12 @@ class OpCall {
   uint64_t agree(const std::function<std::string()>& checks);
   // Issues `kernel` on the call's stream, after the group's previous op.
   void launch(const std::function<void(cudaStream_t)>& kernel);
-  // Whether the call's stream is being captured into a CUDA graph.
+  // Whether the call's stream is being captured into a CUDA graph (known once agree's checks ran).
   bool capturing() const { return capturing_; }
 
  private:
+  void check_stream();  // the stream is usable and on the group's GPU
+  void issue(const std::function<void(cudaStream_t)>& kernel);
   void cancel_on_device();
 
   std::unique_lock<std::recursive_mutex> lock_;

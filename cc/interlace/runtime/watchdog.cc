@@ -2,10 +2,12 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <random>
+#include <set>
 #include <utility>
 
 #include "interlace/base/error.h"
@@ -40,12 +42,35 @@ std::string random_token() {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// The watchdog connections of this process. A forked child (a data-loader worker, say) would
+// otherwise hold them open after this process dies, and peers would see the death only at the
+// heartbeat timeout: the child closes its copies at once.
+std::mutex fork_mutex;
+std::set<int> fork_fds;
+
+void close_in_forked_child() {
+  for (int fd : fork_fds) ::close(fd);  // the child has one thread: no lock (it may have been held)
+  fork_fds.clear();
+}
+
+void watch_fd(int fd, bool add) {
+  static std::once_flag registered;
+  std::call_once(registered, [] { ::pthread_atfork(nullptr, nullptr, close_in_forked_child); });
+  std::lock_guard<std::mutex> lock(fork_mutex);
+  if (add) {
+    fork_fds.insert(fd);
+  } else {
+    fork_fds.erase(fd);
+  }
+}
+
 }  // namespace
 
 Watchdog::Watchdog(Bootstrap& bootstrap, volatile int32_t* abort_word, std::function<std::string()> describe_abort,
-                   double heartbeat_timeout_s)
+                   double heartbeat_timeout_s, double vote_timeout_s)
     : bootstrap_(bootstrap), rank_(bootstrap.rank()), world_(bootstrap.world_size()), abort_word_(abort_word),
-      describe_abort_(std::move(describe_abort)), heartbeat_timeout_s_(heartbeat_timeout_s) {
+      describe_abort_(std::move(describe_abort)), heartbeat_timeout_s_(heartbeat_timeout_s),
+      vote_timeout_s_(vote_timeout_s) {
   IL_CHECK(heartbeat_timeout_s > kHeartbeatEveryS, "heartbeat_timeout_s must exceed ", kHeartbeatEveryS, " s");
   const BootstrapOptions& o = bootstrap.options();
   const Deadline deadline = deadline_after(o.timeout_s);
@@ -86,6 +111,9 @@ Watchdog::Watchdog(Bootstrap& bootstrap, volatile int32_t* abort_word, std::func
     }
     bootstrap.barrier();
   }
+  for (auto& link : links_) {
+    if (link.valid()) watch_fd(link.fd(), true);
+  }
   last_heard_.assign(links_.size(), Clock::now());
   said_bye_.assign(links_.size(), false);
   int fds[2];
@@ -98,12 +126,22 @@ Watchdog::Watchdog(Bootstrap& bootstrap, volatile int32_t* abort_word, std::func
 Watchdog::~Watchdog() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    // Goodbye and stop in one step, so that the thread sends the one before it honours the other.
+    if (clean_) outbox_.push_back(Outgoing{-1, Message{kBye, rank_, 0, 0, {}}});
     stopping_ = true;
   }
-  post(-1, Message{kBye, rank_, 0, 0, {}});
+  const char byte = 1;
+  (void)!::write(wake_write_, &byte, 1);
   thread_.join();
+  for (int i = 0; i < static_cast<int>(links_.size()); ++i) close_link(i);
   ::close(wake_read_);
   ::close(wake_write_);
+}
+
+void Watchdog::close_link(int i) {
+  if (!links_[i].valid()) return;
+  watch_fd(links_[i].fd(), false);
+  links_[i].close();
 }
 
 void Watchdog::post(int to, Message m) {
@@ -124,7 +162,15 @@ Verdict Watchdog::vote(uint64_t call, const std::string& text, bool failed, bool
   post(0, Message{kVote, rank_, (wait ? kWait : 0u) | (failed ? kFailed : 0u), call, text.substr(0, kMaxText)});
   if (!wait) return {};
   std::unique_lock<std::mutex> lock(mutex_);
-  changed_.wait(lock, [&] { return verdicts_.count(call) || *abort_word_ != 0; });
+  // Rank 0 aborts past vote_timeout_s, naming who never voted; this is the backstop should rank 0's
+  // word never come.
+  const auto limit = std::chrono::duration<double>(vote_timeout_s_ + 2 * heartbeat_timeout_s_);
+  if (!changed_.wait_for(lock, limit, [&] { return verdicts_.count(call) || *abort_word_ != 0; })) {
+    waiting_.erase(call);
+    lock.unlock();
+    abort(concat("rank ", rank_, ": call #", call, " got no verdict from rank 0 within ", limit.count(), " s"));
+    return {Verdict::kAborted, abort_reason()};
+  }
   waiting_.erase(call);
   auto it = verdicts_.find(call);
   if (it == verdicts_.end()) return {Verdict::kAborted, abort_reason_};
@@ -149,9 +195,21 @@ std::string Watchdog::abort_reason() const {
   return abort_reason_;
 }
 
-std::string Watchdog::take_cancel_reason() {
+std::string Watchdog::take_cancel_reason(uint64_t call) {
   std::lock_guard<std::mutex> lock(mutex_);
-  return std::exchange(cancel_reason_, std::string());
+  auto it = cancel_reasons_.find(call);
+  if (it == cancel_reasons_.end()) return "";
+  std::string why = std::move(it->second);
+  cancel_reasons_.erase(it);
+  return why;
+}
+
+std::string Watchdog::take_any_cancel_reason() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (cancel_reasons_.empty()) return "";
+  std::string why = std::move(cancel_reasons_.begin()->second);
+  cancel_reasons_.erase(cancel_reasons_.begin());
+  return why;
 }
 
 void Watchdog::set_abort(const std::string& why, bool spread) {
@@ -173,13 +231,19 @@ void Watchdog::set_abort(const std::string& why, bool spread) {
 bool Watchdog::send(int to, const Message& m) {
   Socket& s = links_[to];
   if (!s.valid()) return false;
-  Wire w{kMagic, m.kind, m.rank, m.flags, m.call, static_cast<uint32_t>(m.text.size()), 0};
+  const size_t size = std::min<size_t>(m.text.size(), kMaxText);
+  Wire w{kMagic, m.kind, m.rank, m.flags, m.call, static_cast<uint32_t>(size), 0};
   const Deadline deadline = deadline_after(kMessageDeadlineS);
   if (send_all(s, &w, sizeof(w), deadline) == IoStatus::kOk &&
-      send_all(s, m.text.data(), m.text.size(), deadline) == IoStatus::kOk) {
+      send_all(s, m.text.data(), size, deadline) == IoStatus::kOk) {
     return true;
   }
-  return false;  // the reader side notices the dead link
+  // A half-sent message would garble the stream: close the link; the peer takes this rank's
+  // silence as death, and this rank's reader notices the peer's end the same way.
+  close_link(to);
+  if (!said_bye_[to]) set_abort(concat("rank ", rank_, " could not reach rank ", rank_ == 0 ? to : 0,
+                                        " (a message to it could not be sent)"), true);
+  return false;
 }
 
 void Watchdog::count_vote(const Message& m) {
@@ -246,6 +310,23 @@ void Watchdog::count_vote(const Message& m) {
   ballots_.erase(m.call);
 }
 
+void Watchdog::expire_ballots() {
+  for (auto it = ballots_.begin(); it != ballots_.end();) {
+    const Ballot& b = it->second;
+    if (seconds_since(b.opened) <= vote_timeout_s_) {
+      ++it;
+      continue;
+    }
+    std::string missing;
+    for (int q = 0; q < world_; ++q) {
+      if (!b.voted[q]) missing += concat(missing.empty() ? "" : ", ", q);
+    }
+    set_abort(concat("call #", it->first, " was never made by rank(s) ", missing, " within ", vote_timeout_s_,
+                     " s of the others (ranks must make the same op calls)"), true);
+    it = ballots_.erase(it);
+  }
+}
+
 void Watchdog::deliver_verdict(const Message& m) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -253,7 +334,9 @@ void Watchdog::deliver_verdict(const Message& m) {
     if (waiting_.count(m.call)) {
       verdicts_[m.call] = Verdict{kind, m.text};
     } else if (kind == Verdict::kCancelled && m.rank != rank_) {
-      cancel_reason_ = m.text;  // for check(): this rank's kernel skipped the call
+      cancel_reasons_[m.call] = m.text;  // for check(): this rank's kernel skipped the call
+      // Reasons nobody takes (this rank raised for that call itself) must not pile up.
+      while (cancel_reasons_.size() > 64) cancel_reasons_.erase(cancel_reasons_.begin());
     }
   }
   changed_.notify_all();
@@ -272,7 +355,7 @@ void Watchdog::handle(int from, const Message& m) {
       break;
     case kBye:
       said_bye_[from] = true;
-      links_[from].close();
+      close_link(from);
       break;
     default:
       break;
@@ -325,7 +408,7 @@ void Watchdog::run() {
         ok = recv_all(links_[from], m.text.data(), m.text.size(), deadline_after(kMessageDeadlineS)) == IoStatus::kOk;
       }
       if (!ok) {
-        links_[from].close();
+        close_link(from);
         if (!said_bye_[from]) {
           const int who = rank_ == 0 ? from : 0;
           set_abort(concat("rank ", who, " died: its process exited or was killed (rank ", rank_,
@@ -342,11 +425,12 @@ void Watchdog::run() {
     }
     for (int i = 0; i < static_cast<int>(links_.size()); ++i) {
       if (links_[i].valid() && seconds_since(last_heard_[i]) > heartbeat_timeout_s_) {
-        links_[i].close();
+        close_link(i);
         set_abort(concat("rank ", rank_ == 0 ? i : 0, " sent nothing for ", heartbeat_timeout_s_,
                          " s: its host is down or unreachable"), true);
       }
     }
+    if (rank_ == 0) expire_ballots();
     bool spread_now = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);

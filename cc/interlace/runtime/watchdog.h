@@ -7,10 +7,14 @@
 //     kernel whose wait failed, is spread to every rank, whose kernels then stop;
 //   - agreement: every op call votes its signature (or that its argument checks failed); rank 0
 //     compares the votes of each call and answers those who wait (a call whose signature is new)
-//     with agreed, cancelled (some rank's checks failed) or mismatch (which aborts).
-// A slow rank is never declared dead: its heartbeats come from this thread, not from its work.
+//     with agreed, cancelled (some rank's checks failed) or mismatch (which aborts). A call that
+//     some rank never makes aborts the group after vote_timeout_s, naming the ranks.
+// A slow rank is never declared dead: its heartbeats come from this thread, not from its work. A
+// rank says goodbye only after the group's final barrier (leaving_cleanly); one that leaves without
+// it is taken for dead like one that crashed.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -36,22 +40,29 @@ class Watchdog {
   // Collective. abort_word: the group's sticky abort flag (host memory the GPU reads);
   // describe_abort: what to tell the other ranks when this rank's abort word was set by a kernel.
   Watchdog(Bootstrap& bootstrap, volatile int32_t* abort_word, std::function<std::string()> describe_abort,
-           double heartbeat_timeout_s);
-  ~Watchdog();  // says goodbye, stops the thread
+           double heartbeat_timeout_s, double vote_timeout_s);
+  ~Watchdog();  // stops the thread; says goodbye if leaving_cleanly() was called, else just closes
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
+
+  // Every rank has met the others for the last time (the group's final barrier succeeded): closing
+  // the connection is no longer a death.
+  void leaving_cleanly() { clean_ = true; }
 
   // Votes on op call number `call` (every rank numbers its calls alike). failed: this rank's
   // argument checks failed and `text` says why; else `text` is the call's signature. With wait, blocks
   // until rank 0's verdict or an abort; without, returns kAgreed at once (rank 0 still compares).
+  // A wait is bounded: past vote_timeout_s rank 0 aborts the group, naming the ranks that never voted.
   Verdict vote(uint64_t call, const std::string& text, bool failed, bool wait);
 
   // Aborts the group on every rank, saying why (the first reason wins).
   void abort(const std::string& why);
   bool aborted() const { return *abort_word_ != 0; }
   std::string abort_reason() const;
-  // The reason of the latest call some rank cancelled, once; "" if none since the last take.
-  std::string take_cancel_reason();
+  // Why some rank cancelled call `call` (its checks failed), once; "" if that call was not cancelled.
+  std::string take_cancel_reason(uint64_t call);
+  // The reason for the earliest cancelled call not yet taken, once; "" if none.
+  std::string take_any_cancel_reason();
 
  private:
   struct Message {
@@ -71,12 +82,15 @@ class Watchdog {
     std::vector<bool> waiting;
     int count = 0;
     std::string cancelled;  // why, once some rank's call failed: the remaining votes only close the ballot
+    Clock::time_point opened = Clock::now();
   };
 
   void run();
   void post(int to, Message m);
   void handle(int from, const Message& m);  // on the thread
   void count_vote(const Message& m);        // rank 0, on the thread
+  void expire_ballots();                    // rank 0, on the thread
+  void close_link(int i);
   void deliver_verdict(const Message& m);   // on the thread
   void set_abort(const std::string& why, bool spread);
   bool send(int to, const Message& m);
@@ -88,6 +102,8 @@ class Watchdog {
   volatile int32_t* abort_word_;
   std::function<std::string()> describe_abort_;
   const double heartbeat_timeout_s_;
+  const double vote_timeout_s_;
+  std::atomic<bool> clean_{false};
 
   std::vector<Socket> links_;  // rank 0: one per rank; others: links_[0] to rank 0
   std::vector<Clock::time_point> last_heard_;
@@ -102,7 +118,7 @@ class Watchdog {
   std::map<uint64_t, Ballot> ballots_;    // rank 0
   std::string abort_reason_;
   bool abort_spread_ = false;
-  std::string cancel_reason_;
+  std::map<uint64_t, std::string> cancel_reasons_;  // by call, for calls this rank's kernel skipped
   bool stopping_ = false;
   std::thread thread_;
 };

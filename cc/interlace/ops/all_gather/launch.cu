@@ -53,7 +53,8 @@ void all_gather(Group& group, const TensorView& out, const TensorView& inp, cuda
                           ", out=", out_offset < 0 ? "ordinary" : "symmetric", ", landing=", landing,
                           ", num_blocks=", plan.num_blocks, ", chunk_bytes=", plan.chunk_bytes, ")");
   });
-  if (bytes == 0) return;
+  // An empty call still runs (its kernel only makes the handshake): every call takes its place in
+  // the op sequence on every rank, so a cancel elsewhere can never be matched with the wrong call.
 
   AllGatherParams<device::NvlinkTransport> p{};
   for (int q = 0; q < topo.local_size(); ++q) p.transport.heaps[q] = heap.base(q);
