@@ -85,33 +85,40 @@ def scenario_slow_peer(where):
 
 
 def scenario_dead_peer(when):
-    group = interlace.init(heap_bytes=64 << 20)
+    group = interlace.init(heap_bytes=1 << 30)
     good_call(group)
-    inp, out = shard(RANK, N, 3), poisoned(N)
+    big = 64 << 20  # bf16 elements per rank: 128 MiB, about 0.4 ms per call
+    inp = shard(RANK, big, 3)
+    outs = [itorch.empty(group, (WORLD * big,), torch.bfloat16) for _ in range(2)]
+    interlace.all_gather(outs[0], inp, group)  # the call's signature is known on every rank now
+    torch.cuda.synchronize()
+    group.barrier()
+    if RANK == 1 and when == "before":
+        os._exit(0)  # no clean-up, like a crash
+    start = time.monotonic()
+    error = None
+    for i in range(400):  # ~160 ms of transfers queued back to back: rank 1 dies in the middle of them
+        error = raises(lambda: interlace.all_gather(outs[i % 2], inp, group))
+        if error:
+            break
     if RANK == 1:
-        if when == "before":
-            os._exit(0)  # no clean-up, like a crash
-        gpu_sleep(3)  # rank 1's own kernel is queued behind this when it dies
-        interlace.all_gather(out, inp, group)
-        time.sleep(1)
+        time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGKILL)
     if RANK != 0:
         time.sleep(60)
         return
-    start = time.monotonic()
-    error = raises(lambda: interlace.all_gather(out, inp, group))
     if error is None:
         torch.cuda.synchronize()
         error = raises(group.check)
     took = time.monotonic() - start
     ok = torch.ones(1000, device="cuda").sum().item() == 1000.0  # the GPU is still usable
-    report(f"dead peer ({'exits before the op' if when == 'before' else 'killed mid-op'})",
+    report(f"dead peer ({'exits before the op' if when == 'before' else 'killed while data moves'})",
            "every other rank raises within 10 s naming rank 1 and the op; its GPU stays usable",
            f"{'GPU usable' if ok else 'GPU NOT usable'}; error: {error}", took)
     assert error and "rank 1" in error and ("all_gather" in error or when == "before"), error
     assert took < 10, took
     assert ok
-    assert raises(lambda: interlace.all_gather(out, inp, group)), "a later call must raise too"
+    assert raises(lambda: interlace.all_gather(outs[0], inp, group)), "a later call must raise too"
 
 
 def scenario_abort():
@@ -119,41 +126,37 @@ def scenario_abort():
     sym_out = itorch.empty(group, (WORLD * N,), torch.bfloat16)
     inp = shard(RANK, N, 4)
     interlace.all_gather(sym_out, inp, group)
-    torch.cuda.synchronize()
-    group.barrier()
-    sym_out.view(torch.int16).fill_(-1)
-    torch.cuda.synchronize()
     graph_out = itorch.empty(group, (WORLD * N,), torch.bfloat16)
     stream = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         interlace.all_gather(graph_out, inp, group)
-    graph_out.view(torch.int16).fill_(-1)  # capture ran nothing; every rank's copy is poisoned
+    torch.cuda.synchronize()
+    sym_out.view(torch.int16).fill_(-1)
+    graph_out.view(torch.int16).fill_(-1)  # capture ran nothing
     torch.cuda.synchronize()
     group.barrier()
-    if RANK == 1:
-        gpu_sleep(3)  # these launches are queued behind the sleep when rank 0 aborts: none may store into rank 0
-        for _ in range(3):
-            interlace.all_gather(sym_out, inp, group)
+    # Both ranks queue matching launches behind a GPU sleep: without the abort they would pair up and
+    # store into each other; the abort comes while they wait.
+    gpu_sleep(3)
+    for _ in range(3):
+        interlace.all_gather(sym_out, inp, group)
     group.barrier()
     start = time.monotonic()
     if RANK == 0:
         group.abort("test: rank 0 aborts")
-        error = raises(group.check)
-        group.barrier()
-    else:
-        group.barrier()  # rank 0 has aborted: replay the graph after the abort too
-        graph.replay()
-        torch.cuda.synchronize()
-        error = raises(group.check)
+    group.barrier()
+    graph.replay()  # a replay after the abort, on every rank
+    torch.cuda.synchronize()
+    error = raises(group.check)
     took = time.monotonic() - start
     group.barrier()
     untouched = bool((sym_out.view(torch.int16) == -1).all()) and bool((graph_out.view(torch.int16) == -1).all())
-    report("group.abort() on rank 0; rank 1 has launches queued and replays a graph after it",
-           "every rank raises naming the abort; queued launches and the graph store nothing into peers",
+    report("group.abort() on rank 0 while matching launches are queued on every rank, then a graph replay",
+           "every rank raises naming the abort; queued launches and the graph store nothing",
            f"{'nothing stored' if untouched else 'STORES HAPPENED'}; error: {error}", took)
     assert error and "rank 0 aborts" in error, error
-    assert untouched, "a kernel stored into a peer after the abort"
+    assert untouched, "a kernel stored after the abort"
     assert raises(lambda: interlace.all_gather(sym_out, inp, group)), "later calls raise"
 
 
@@ -231,6 +234,47 @@ def scenario_one_rank_fails():
         assert bool(out.isnan().all()), "a skipped call wrote into out"
         good_call(group, seed=12)  # still usable
     group.barrier()
+
+
+def scenario_failures_without_check():
+    """The review's paths: a failed call followed at once by another call (no check() in between),
+    a rank that never makes a first-time call, and a stream of another GPU on one rank."""
+    group = interlace.init(heap_bytes=64 << 20, timeout_s=3.0)
+    good_call(group)
+    # 1. Rank 1's checks fail; both ranks go straight on. The calls stay paired: the third is right.
+    inp = shard(RANK, N, 40)
+    out = poisoned(N)
+    bad = inp.float() if RANK == 1 else inp
+    errors = [raises(lambda: interlace.all_gather(out, bad, group))]
+    out2 = poisoned(N)
+    errors.append(raises(lambda: interlace.all_gather(out2, shard(RANK, N, 41), group)))
+    torch.cuda.synchronize()
+    errors.append(raises(group.check))
+    assert any(e and "dtype" in e for e in errors), errors
+    good_call(group, seed=42)
+    expect(out2, gathered(N, 41), "the call after a failed one")  # issued on every rank, paired right
+    # 2. A stream of the other GPU on rank 1: it fails its checks there; the group stays usable.
+    other = (torch.cuda.current_device() + 1) % torch.cuda.device_count()
+    stream = torch.cuda.Stream(device=other) if RANK == 1 else torch.cuda.current_stream()
+    out = poisoned(N)
+    error = raises(lambda: interlace.all_gather(out, shard(RANK, N, 43), group, stream=stream.cuda_stream))
+    torch.cuda.synchronize()
+    error = error or raises(group.check)
+    assert error and "stream" in error, error
+    good_call(group, seed=44)
+    # 3. Rank 1 never makes a first-time call: rank 0 raises within the timeout, naming rank 1.
+    start = time.monotonic()
+    if RANK == 0:
+        error = raises(lambda: interlace.all_gather(poisoned(777), shard(RANK, 777, 45), group))
+        took = time.monotonic() - start
+        report("a peer never makes a first-time call (timeout 3 s)", "raises within the timeout naming the rank",
+               f"error: {error}", took)
+        assert error and "never made by rank(s) 1" in error, error
+        assert took < 3 + 5, took
+    else:
+        time.sleep(6)
+    group.barrier()
+    print(f"rank {RANK}: failures without check() handled")
 
 
 def scenario_concurrency():
@@ -382,6 +426,7 @@ SCENARIOS = {
     "timeout": scenario_timeout,
     "mismatch": scenario_mismatch,
     "one_rank_fails": scenario_one_rank_fails,
+    "failures_without_check": scenario_failures_without_check,
     "concurrency": scenario_concurrency,
     "scratch_growth": scenario_scratch_growth,
     "graph_exit": scenario_graph_exit,

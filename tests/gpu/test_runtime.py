@@ -69,6 +69,10 @@ def test_check_failing_on_one_rank_raises_everywhere():
     run("one_rank_fails")
 
 
+def test_failures_without_check_keep_calls_paired():
+    run("failures_without_check")
+
+
 def test_streams_graphs_threads_and_a_gemm_alongside():
     run("concurrency")
 
