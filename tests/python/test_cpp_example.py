@@ -1,5 +1,5 @@
 """The C++ example (examples/all_gather_gemm.cc) links and runs; on a machine without a GPU it must
-stop with interlace's clear error, not crash. (On the GPU machine tests/gpu/test_cpp_example.py runs
+stop with interlace's clear error, not crash. (On the GPU machine tests/gpu/test_cpp_example_gpu.py runs
 it on every GPU.)"""
 import os
 import subprocess
