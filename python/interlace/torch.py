@@ -95,6 +95,54 @@ def gemm(a: _torch.Tensor, b: _torch.Tensor, *, out: _torch.Tensor = None) -> _t
     return out
 
 
+def init(process_group=None, *, heap_bytes=1 << 30, timeout_s=300.0, heartbeat_timeout_s=30.0,
+         bootstrap_timeout_s=60.0, device=None, node_name=None):
+    """An interlace Group over the ranks of a torch.distributed process group (default: the world),
+    set up through torch's own store: no MASTER_PORT + 1 to keep free, no INTERLACE_SECRET to share.
+    Collective over the process group. Rank 0 of the group publishes a fresh port and a random
+    secret for interlace's rendezvous in the store; the others read them there."""
+    options = rendezvous_options(process_group, timeout_s=bootstrap_timeout_s)
+    if device is None:
+        device = _torch.cuda.current_device()
+    return _interlace.init(**options, heap_bytes=heap_bytes, timeout_s=timeout_s,
+                           heartbeat_timeout_s=heartbeat_timeout_s, bootstrap_timeout_s=bootstrap_timeout_s,
+                           device=device, node_name=node_name)
+
+
+def rendezvous_options(process_group=None, *, timeout_s=60.0) -> dict:
+    """rank, world_size, master_addr, master_port and secret for interlace's rendezvous among the
+    ranks of `process_group`, exchanged through torch.distributed's store (collective)."""
+    import datetime
+    import os
+    import secrets
+    import socket
+
+    import torch.distributed as dist
+
+    group = process_group or dist.group.WORLD
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    # Calls on one group are numbered alike on every rank; the group's global ranks tell groups apart.
+    members = dist.get_process_group_ranks(group)
+    _rendezvous_calls[tuple(members)] = call = _rendezvous_calls.get(tuple(members), 0) + 1
+    # The default store is private API, but the one every process group was made from.
+    store = dist.PrefixStore(f"interlace/{'-'.join(map(str, members))}/{call}/",
+                             dist.distributed_c10d._get_default_store())
+    if rank == 0:
+        address = os.environ.get("MASTER_ADDR") if world > 1 else "127.0.0.1"
+        if not address or members[0] != 0:
+            address = socket.gethostbyname(socket.gethostname())
+        with socket.socket() as s:  # a port free now; the rendezvous listens on it next
+            s.bind((address, 0))
+            port = s.getsockname()[1]
+        store.set("rendezvous", f"{address} {port} {secrets.token_hex(16)}")
+    store.wait(["rendezvous"], datetime.timedelta(seconds=timeout_s))
+    address, port, secret = store.get("rendezvous").decode().split()
+    return dict(rank=rank, world_size=world, master_addr=address, master_port=int(port), secret=secret)
+
+
+_rendezvous_calls = {}
+
+
 def empty(group, shape, dtype=_torch.bfloat16) -> _torch.Tensor:
     """A symmetric torch tensor (see Group.empty)."""
     return _torch.from_dlpack(group.empty(shape, dtype))
