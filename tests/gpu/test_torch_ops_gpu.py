@@ -10,7 +10,7 @@ WORKER = os.path.join(os.path.dirname(__file__), "torch_ops_worker.py")
 pytestmark = pytest.mark.gpus(2)
 
 
-@pytest.mark.parametrize("mode", ["eager", "fullgraph", "reduce_overhead"])
+@pytest.mark.parametrize("mode", ["eager", "fullgraph", "reduce_overhead", "from_process_group"])
 def test_torch_ops(mode):
     import torch
     results = run_ranks([WORKER, mode], torch.cuda.device_count(), 300)

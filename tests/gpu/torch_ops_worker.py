@@ -10,7 +10,12 @@ import interlace.torch as itorch
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-group = interlace.init(heap_bytes=256 << 20)
+if sys.argv[1] == "from_process_group":  # set up through torch.distributed's store, nothing else
+    import torch.distributed as dist
+    dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
+    group = itorch.init(heap_bytes=256 << 20)
+else:
+    group = interlace.init(heap_bytes=256 << 20)
 
 
 def shard(rank, rows, seed):
@@ -36,7 +41,8 @@ def main(mode):
     w = torch.randn(384, 256, device="cuda").to(torch.bfloat16)
     fn = {"eager": block,
           "fullgraph": torch.compile(block, fullgraph=True),
-          "reduce_overhead": torch.compile(block, fullgraph=True, mode="reduce-overhead")}[mode]
+          "reduce_overhead": torch.compile(block, fullgraph=True, mode="reduce-overhead"),
+          "from_process_group": block}[mode]
     for step in range(5):  # fresh inputs every step; graphs replay with them
         x = shard(RANK, 129, step)
         out = fn(x, w)
