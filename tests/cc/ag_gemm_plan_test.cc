@@ -1,0 +1,89 @@
+#include "interlace/ops/ag_gemm/plan.h"
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "interlace/base/error.h"
+
+namespace interlace {
+namespace {
+
+// Checks the order's promises for one layout: every tile row exactly once; slots never go back;
+// a tile row's slot is the latest arrival among the non-empty shards it touches; this rank's own
+// rows come first and need no wait.
+void check_order(const std::vector<int64_t>& rows_per_rank, int rank, int tile_m) {
+  SCOPED_TRACE(::testing::Message() << "rank " << rank << ", tile_m " << tile_m);
+  const AgGemmRows rows = make_ag_gemm_rows(rows_per_rank, rank, tile_m);
+  const std::vector<int32_t> order = ag_gemm_tile_row_order(rows);
+  ASSERT_EQ(static_cast<int64_t>(order.size()), rows.tiles_m());
+  ASSERT_EQ(std::set<int32_t>(order.begin(), order.end()).size(), order.size());
+  int32_t previous_slot = 0;
+  for (int32_t t : order) {
+    const int32_t slot = rows.slot_of(t);
+    EXPECT_GE(slot, previous_slot);
+    previous_slot = slot;
+    // Brute force: the shards whose rows intersect the tile row.
+    int32_t latest = 0;
+    const int64_t lo = static_cast<int64_t>(t) * tile_m, hi = std::min<int64_t>(lo + tile_m, rows.m());
+    for (int q = 0; q < rows.world; ++q) {
+      const bool holds_rows = rows.start[q + 1] > rows.start[q];
+      if (holds_rows && rows.start[q] < hi && rows.start[q + 1] > lo) latest = std::max(latest, rows.arrival(q));
+    }
+    EXPECT_EQ(slot, latest) << "tile row " << t;
+  }
+  // Tile rows lying wholly in this rank's shard come first, with slot 0.
+  for (size_t i = 0; i < order.size(); ++i) {
+    const int64_t lo = static_cast<int64_t>(order[i]) * tile_m;
+    const int64_t hi = std::min<int64_t>(lo + tile_m, rows.m());
+    if (lo >= rows.start[rank] && hi <= rows.start[rank + 1]) EXPECT_EQ(rows.slot_of(order[i]), 0);
+  }
+}
+
+TEST(AgGemmPlan, EvenShards) {
+  for (int rank = 0; rank < 4; ++rank) check_order({4096, 4096, 4096, 4096}, rank, 128);
+  const AgGemmRows rows = make_ag_gemm_rows({256, 256, 256}, 1, 128);
+  EXPECT_EQ(ag_gemm_tile_row_order(rows), (std::vector<int32_t>{2, 3, 0, 1, 4, 5}));  // own, then rank 0, then 2
+}
+
+TEST(AgGemmPlan, UnevenTinyAndEmptyShards) {
+  const std::vector<std::vector<int64_t>> layouts = {
+      {1, 300, 0, 129}, {0, 0, 5, 0}, {127, 1, 128, 129}, {1000, 1}, {1, 1, 1, 1, 1, 1, 1, 1}, {5000}, {0, 0}};
+  for (const auto& layout : layouts) {
+    for (int rank = 0; rank < static_cast<int>(layout.size()); ++rank) {
+      for (int tile_m : {128, 64, 1}) check_order(layout, rank, tile_m);
+    }
+  }
+}
+
+TEST(AgGemmPlan, RandomLayouts) {
+  std::mt19937 random(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int world = 1 + static_cast<int>(random() % 9);
+    std::vector<int64_t> layout(world);
+    for (auto& r : layout) r = random() % 4 == 0 ? 0 : static_cast<int64_t>(random() % 700);
+    check_order(layout, static_cast<int>(random() % world), 128);
+  }
+}
+
+TEST(AgGemmPlan, OwnerOfRowSkipsEmptyShards) {
+  const AgGemmRows rows = make_ag_gemm_rows({3, 0, 0, 2}, 0, 128);
+  EXPECT_EQ(rows.owner_of_row(0), 0);
+  EXPECT_EQ(rows.owner_of_row(2), 0);
+  EXPECT_EQ(rows.owner_of_row(3), 3);
+  EXPECT_EQ(rows.owner_of_row(4), 3);
+}
+
+TEST(AgGemmPlan, BadLayoutsRaise) {
+  EXPECT_THROW(make_ag_gemm_rows({}, 0), Error);
+  EXPECT_THROW(make_ag_gemm_rows({4, -1}, 0), Error);
+  EXPECT_THROW(make_ag_gemm_rows({4, 4}, 2), Error);
+  EXPECT_THROW(make_ag_gemm_rows(std::vector<int64_t>(kAgGemmMaxRanks + 1, 1), 0), Error);
+  EXPECT_THROW(make_ag_gemm_rows({int64_t{1} << 30, int64_t{1} << 30}, 0), Error);
+}
+
+}  // namespace
+}  // namespace interlace
