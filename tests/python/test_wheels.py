@@ -46,3 +46,26 @@ def test_stable_abi_module_uses_no_version_specific_symbols():
                "_Py_NotImplementedStruct", "_Py_EllipsisObject", "_Py_SwappedOp"}
     private = [s.split()[-1] for s in nm.splitlines() if s.split()[-1].startswith("_Py")]
     assert [s for s in private if s not in allowed] == []
+
+
+def test_abi3_wheel_installs_into_a_clean_venv_and_imports(tmp_path):
+    """What a user does (README, "Installing the wheel"): a fresh virtual environment of CPython 3.12,
+    pip install of the cp312-abi3 wheel, import. No GPU is needed to import."""
+    import subprocess
+    import sys
+    python312 = os.environ.get("INTERLACE_PYTHON312") or next(
+        iter(sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.12*/bin/python3.12")))), None)
+    if not python312 or not os.path.exists(python312):
+        pytest.skip("no CPython 3.12 here (set INTERLACE_PYTHON312)")
+    whl = wheel("interlace-*-cp312-abi3-linux_x86_64.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([python312, "-m", "venv", str(venv)], check=True)
+    py = str(venv / "bin" / "python")
+    r = subprocess.run([py, "-m", "pip", "install", "-q", whl], capture_output=True, text=True)  # numpy, absl-py from the index
+    assert r.returncode == 0, r.stdout + r.stderr
+    code = ("import interlace, sys; print(interlace.__version__, interlace.gpu_count(), "
+            "issubclass(interlace.Error, RuntimeError), sorted(m for m in ('torch', 'jax', 'cupy') if m in sys.modules))")
+    r = subprocess.run([py, "-c", code], capture_output=True, text=True, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["0.1.0", "0", "True", "[]"], r.stdout
+    del sys
