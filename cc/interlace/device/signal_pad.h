@@ -9,11 +9,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define IL_HOST_DEVICE __host__ __device__
-#else
-#define IL_HOST_DEVICE
-#endif
+#include "interlace/base/host_device.h"
 
 namespace interlace {
 

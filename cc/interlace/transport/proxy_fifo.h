@@ -16,13 +16,7 @@
 #include <chrono>
 #endif
 
-#ifndef IL_HOST_DEVICE
-#if defined(__CUDACC__)
-#define IL_HOST_DEVICE __host__ __device__
-#else
-#define IL_HOST_DEVICE
-#endif
-#endif
+#include "interlace/base/host_device.h"
 
 namespace interlace {
 

@@ -14,13 +14,7 @@
 #include <cstdint>
 #include <vector>
 
-#ifndef IL_HOST_DEVICE
-#if defined(__CUDACC__)
-#define IL_HOST_DEVICE __host__ __device__
-#else
-#define IL_HOST_DEVICE
-#endif
-#endif
+#include "interlace/base/host_device.h"
 
 namespace interlace {
 
