@@ -289,7 +289,8 @@ def scenario_concurrency():
         if RANK == 1 and i % 10 == 0:
             time.sleep(0.05)
         with torch.cuda.stream(s1 if i % 2 == 0 else s2):
-            torch.cuda.current_stream().wait_stream(torch.cuda.default_stream()) if i == 0 else None
+            if i == 0:  # the inputs were made on the default stream
+                torch.cuda.current_stream().wait_stream(torch.cuda.default_stream())
             interlace.all_gather(outs[i], inputs[i], group)
     torch.cuda.synchronize()
     group.check()

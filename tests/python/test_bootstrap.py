@@ -30,13 +30,8 @@ def rank_main(rank, world, port, secret, timeout_s, die_after_join, queue):
         queue.put((rank, "error", str(e)))
 
 
-def run(specs, port):
-    """specs: [(rank, world, secret, timeout_s, die_after_join)]; returns {rank: (status, payload)}."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=rank_main, args=(r, w, port, s, t, d, queue)) for r, w, s, t, d in specs]
-    for p in procs:
-        p.start()
+def collect(procs, queue):
+    """Waits for the processes (a hung one fails the test); returns {rank: (status, payload)}."""
     for p in procs:
         p.join(timeout=60)
         assert not p.is_alive(), "a rank hung"
@@ -45,6 +40,16 @@ def run(specs, port):
         rank, status, payload = queue.get()
         results[rank] = (status, payload)
     return results
+
+
+def run(specs, port):
+    """specs: [(rank, world, secret, timeout_s, die_after_join)]; returns {rank: (status, payload)}."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=rank_main, args=(r, w, port, s, t, d, queue)) for r, w, s, t, d in specs]
+    for p in procs:
+        p.start()
+    return collect(procs, queue)
 
 
 def test_all_gather_of_byte_blobs():
@@ -114,13 +119,7 @@ def test_strangers_do_not_hold_up_the_rendezvous():
     peers = [ctx.Process(target=timed_rank, args=(r, 3, port, queue)) for r in (1, 2)]
     for p in peers:
         p.start()
-    for p in [root] + peers:
-        p.join(timeout=60)
-        assert not p.is_alive(), "a rank hung"
-    results = {}
-    while not queue.empty():
-        rank, status, payload = queue.get()
-        results[rank] = (status, payload)
+    results = collect([root] + peers, queue)
     assert {r: status for r, (status, _) in results.items()} == {0: "ok", 1: "ok", 2: "ok"}, results
     # Each stranger may hold a connection for 5 s; a rendezvous that waited on them in turn would take 20.
     assert max(results[1][1], results[2][1]) < 5.0, results
@@ -155,11 +154,4 @@ def test_collectives_from_several_threads():
     procs = [ctx.Process(target=threaded_rank, args=(r, 3, port, queue)) for r in range(3)]
     for p in procs:
         p.start()
-    for p in procs:
-        p.join(timeout=60)
-        assert not p.is_alive(), "a rank hung"
-    results = {}
-    while not queue.empty():
-        rank, status, payload = queue.get()
-        results[rank] = (status, payload)
-    assert results == {r: ("ok", None) for r in range(3)}
+    assert collect(procs, queue) == {r: ("ok", None) for r in range(3)}
