@@ -14,8 +14,9 @@ import torch as _torch
 
 import interlace as _interlace
 
-# The ops' library: torch.ops.interlace.<name>. Ops added later register here the same way.
+# Groups by the integer handle the custom ops (torch.ops.interlace.<name>) take; see _handle.
 _groups = {}
+_rendezvous_calls = {}  # per process group (its global ranks): how many rendezvous it has made
 
 
 @_torch.compiler.assume_constant_result
@@ -138,9 +139,6 @@ def rendezvous_options(process_group=None, *, timeout_s=60.0) -> dict:
     store.wait(["rendezvous"], datetime.timedelta(seconds=timeout_s))
     address, port, secret = store.get("rendezvous").decode().split()
     return dict(rank=rank, world_size=world, master_addr=address, master_port=int(port), secret=secret)
-
-
-_rendezvous_calls = {}
 
 
 def empty(group, shape, dtype=_torch.bfloat16) -> _torch.Tensor:

@@ -18,15 +18,10 @@ namespace interlace::device {
 
 enum OpStart : int { kRun = 0, kSkip = 1, kStop = 2 };
 
-struct OpEntry {
-  OpStart start;
-  uint64_t number;  // this op's number in the group's sequence (1, 2, ...)
-};
-
 // Called by all threads of every CTA, blockDim.x >= local_size. On kSkip call op_end and exit; on
 // kStop exit.
 template <class Transport>
-__device__ inline OpEntry op_begin(const Transport& t, const WaitContext& ctx, uint64_t signature) {
+__device__ inline OpStart op_begin(const Transport& t, const WaitContext& ctx, uint64_t signature) {
   __shared__ int state;
   __shared__ uint64_t number;
   OpSignals& ops = t.my_pad()->ops;
@@ -48,7 +43,7 @@ __device__ inline OpEntry op_begin(const Transport& t, const WaitContext& ctx, u
   const bool stop = state == kStop;
   const uint64_t n = number;
   __syncthreads();  // everyone has read state before anyone changes it
-  if (stop) return {kStop, n};
+  if (stop) return kStop;
   const uint64_t word = n << kSignatureBits | signature;
   const int q = threadIdx.x;
   if (q < t.local_size && q != t.local_rank) {
@@ -70,7 +65,7 @@ __device__ inline OpEntry op_begin(const Transport& t, const WaitContext& ctx, u
   __syncthreads();
   const OpStart start = static_cast<OpStart>(state);
   if (start == kSkip && threadIdx.x == 0) *reinterpret_cast<volatile int32_t*>(&ctx.control->cancelled) = 1;
-  return {start, n};
+  return start;
 }
 
 // Called by all threads of every CTA that did not stop: the last CTA out counts the op as done.

@@ -45,18 +45,21 @@ struct OpSignals {
 };
 
 constexpr uint64_t kOpRegionBytes = uint64_t{1} << 20;
-constexpr int kNumOpRegions = 2;  // index by OpId; grows with the ops
+// One region per op kind with flags: OpIds 1 .. kNumOpRegions (kAllGather). Grows with the ops.
+constexpr int kNumOpRegions = 1;
 
 struct SignalPad {
   OpSignals ops;
   alignas(256) unsigned char regions[kNumOpRegions][kOpRegionBytes];
 };
 
-// The flags of op `op` in a pad. Flags must fit the region (checked where Flags is defined).
-template <class Flags>
-IL_HOST_DEVICE inline Flags* op_flags(SignalPad* pad, OpId op) {
+// The flags of op kOp in a pad; both the op's region and the flags' size are checked here.
+template <class Flags, OpId kOp>
+IL_HOST_DEVICE inline Flags* op_flags(SignalPad* pad) {
+  static_assert(static_cast<int>(kOp) >= 1 && static_cast<int>(kOp) <= kNumOpRegions,
+                "this op has no region in the signal pad: grow kNumOpRegions");
   static_assert(sizeof(Flags) <= kOpRegionBytes, "an op's flags must fit its region of the signal pad");
-  return reinterpret_cast<Flags*>(pad->regions[static_cast<int>(op) % kNumOpRegions]);
+  return reinterpret_cast<Flags*>(pad->regions[static_cast<int>(kOp) - 1]);
 }
 
 enum class FaultCode : int32_t { kNone = 0, kTimeout = 1, kAborted = 2, kMismatch = 3 };

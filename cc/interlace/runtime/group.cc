@@ -79,9 +79,9 @@ std::string Group::describe_abort() {
     const auto peer = f.peer_local_rank;
     const int peer_rank = peer >= 0 && peer < topo_.local_size() ? topo_.local_ranks[peer] : -1;
     const auto code = static_cast<FaultCode>(f.code);
+    const std::string whose = peer_rank >= 0 ? concat("' of rank ", peer_rank) : std::string("' of this rank");
     const std::string where = concat(op_name(static_cast<OpId>(f.op)), " on rank ", f.rank, " (block ", f.block,
-                                     ") waited for flag '", flag_name(static_cast<FlagId>(f.flag)), "' of rank ",
-                                     peer_rank);
+                                     ") waited for flag '", flag_name(static_cast<FlagId>(f.flag)), whose);
     if (code == FaultCode::kTimeout) {
       device = concat(where, " and timed out after ", f.waited_ns / 1e9, " s: expected >= ", f.expected, ", saw ",
                       f.seen, ". That peer is stuck, or not calling the same op");

@@ -12,8 +12,7 @@ namespace {
 // peer has reached this op (with its real kernel, which then skips it, or its own cancel).
 __global__ void cancel_kernel(const __grid_constant__ device::NvlinkTransport t,
                               const __grid_constant__ device::WaitContext ctx) {
-  const device::OpEntry entry = device::op_begin(t, ctx, kCancelSignature);
-  if (entry.start != device::kStop) device::op_end(t);
+  if (device::op_begin(t, ctx, kCancelSignature) != device::kStop) device::op_end(t);
 }
 
 }  // namespace

@@ -57,7 +57,6 @@ class Watchdog {
 
   // Aborts the group on every rank, saying why (the first reason wins).
   void abort(const std::string& why);
-  bool aborted() const { return *abort_word_ != 0; }
   std::string abort_reason() const;
   // Why some rank cancelled call `call` (its checks failed), once; "" if that call was not cancelled.
   std::string take_cancel_reason(uint64_t call);
