@@ -237,18 +237,24 @@ TEST(Watchdog, ACallSomeRankNeverMakesAbortsNamingIt) {
   EXPECT_EQ(codes, (std::vector<int>{0, 0, 0}));
 }
 
-TEST(Watchdog, CancelReasonsAreKeptPerCall) {
+TEST(Watchdog, CancelReasonsAreKeptPerCallAndNotTakenBeforeTheirCall) {
   auto codes = run(2, 30, [](Rank& r) {
-    // Rank 1's calls 1 and 2 fail; rank 0's kernels would skip both, and check() reports them in order.
+    // Rank 1's calls 1, 2 and 3 fail; rank 0's kernels would skip them, and check() reports them in
+    // order, but only those of calls rank 0 has made (here, up to 2).
     r.watchdog->vote(1, r.rank == 1 ? "first reason" : "op", r.rank == 1, false);
     r.watchdog->vote(2, r.rank == 1 ? "second reason" : "op", r.rank == 1, false);
+    if (r.rank == 1) r.watchdog->vote(3, "third reason", true, false);
     r.bootstrap.barrier();
-    if (r.rank == 1) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    uint64_t call = 0;
+    if (r.rank == 1) return r.watchdog->take_earliest_cancel_reason(3, &call).empty();  // it raised for them itself
     const std::string second = r.watchdog->take_cancel_reason(2);
-    const std::string first = r.watchdog->take_any_cancel_reason();
-    return second.find("second reason") != std::string::npos && first.find("first reason") != std::string::npos &&
-           r.watchdog->take_any_cancel_reason().empty();
+    const std::string first = r.watchdog->take_earliest_cancel_reason(2, &call);
+    const bool ok = second.find("second reason") != std::string::npos &&
+                    first.find("first reason") != std::string::npos && call == 1 &&
+                    r.watchdog->take_earliest_cancel_reason(2, &call).empty();
+    const std::string third = r.watchdog->take_earliest_cancel_reason(3, &call);
+    return ok && third.find("third reason") != std::string::npos && call == 3;
   });
   EXPECT_EQ(codes, (std::vector<int>{0, 0}));
 }

@@ -64,7 +64,7 @@ __device__ inline OpStart op_begin(const Transport& t, const WaitContext& ctx, u
   }
   __syncthreads();
   const OpStart start = static_cast<OpStart>(state);
-  if (start == kSkip && threadIdx.x == 0) *reinterpret_cast<volatile int32_t*>(&ctx.control->cancelled) = 1;
+  if (start == kSkip && threadIdx.x == 0) *reinterpret_cast<volatile uint64_t*>(&ctx.control->cancelled) = n;
   return start;
 }
 

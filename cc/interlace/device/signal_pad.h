@@ -80,9 +80,9 @@ struct DeviceFault {
 // In pinned host memory mapped into the device: the host's way to stop kernels that are running or
 // queued (a CUDA graph included), and the kernels' way to report why they stopped.
 struct HostControl {
-  int32_t abort;      // sticky: nonzero once the group is aborted; kernels check it on entry and in every wait
-  int32_t cancelled;  // a kernel skipped its op because a peer's call of it failed its checks
-  DeviceFault fault;  // the first fault of this group
+  int32_t abort;       // sticky: nonzero once the group is aborted; kernels check it on entry and in every wait
+  uint64_t cancelled;  // the number of the last op a kernel skipped because a peer's call of it failed its checks
+  DeviceFault fault;   // the first fault of this group
 };
 
 const char* op_name(OpId op);

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -95,7 +96,12 @@ std::string Group::describe_abort() {
   }
   const std::string host = watchdog_ ? watchdog_->abort_reason() : std::string();
   if (host.empty()) return device.empty() ? "aborted" : device;
-  return device.empty() || host.find(device) != std::string::npos ? host : concat(host, "; ", device);
+  if (!device.empty()) return host.find(device) != std::string::npos ? host : concat(host, "; ", device);
+  // No kernel of this rank has stopped at a flag (yet): name the op call that was last issued.
+  const uint64_t last = last_issued_.load();
+  if (last == 0) return host;
+  return concat(host, "; the last op call this rank issued was ", op_name(static_cast<OpId>(last & 0xff)), " (call #",
+                last >> 8, "), whose kernels stop without storing into peers");
 }
 
 void Group::check_aborted() {
@@ -112,16 +118,28 @@ void Group::check() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   check_aborted();
   // A call that another rank's failed checks cancelled: this rank's kernel skipped it. Every rank
-  // hears of each cancel from rank 0; the kernel's flag may be seen first, so give the word a moment.
+  // hears of each cancel from rank 0; the kernel's word may come first, so give rank 0's a moment.
   volatile HostControl* c = control_host_;
-  std::string why = watchdog_->take_any_cancel_reason();
-  for (int i = 0; i < 200 && why.empty() && c->cancelled; ++i) {
+  uint64_t call = 0;
+  std::string why = take_earliest_cancel_reason(&call);
+  for (int i = 0; i < 200 && why.empty() && c->cancelled > cancels_reported_; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    why = watchdog_->take_any_cancel_reason();
+    why = take_earliest_cancel_reason(&call);
   }
-  c->cancelled = 0;
-  IL_CHECK(why.empty(), "rank ", topo_.rank, ": an op call was not run on any rank: ", why,
+  IL_CHECK(why.empty(), "rank ", topo_.rank, ": an op call (#", call, ") was not run on any rank: ", why,
            ". The group is still usable.");
+}
+
+std::string Group::take_cancel_reason(uint64_t call) {
+  std::string why = watchdog_->take_cancel_reason(call);
+  if (!why.empty()) cancels_reported_ = std::max(cancels_reported_, call);
+  return why;
+}
+
+std::string Group::take_earliest_cancel_reason(uint64_t* call) {
+  std::string why = watchdog_->take_earliest_cancel_reason(calls_, call);
+  if (!why.empty()) cancels_reported_ = std::max(cancels_reported_, *call);
+  return why;
 }
 
 void Group::abort(const std::string& why) {

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -78,6 +79,10 @@ class Group {
  private:
   friend class OpCall;
   std::string describe_abort();
+  // Why a peer's failed checks cancelled call `call` ("" if they did not), once.
+  std::string take_cancel_reason(uint64_t call);
+  // The same for the earliest cancelled call this rank has made, whose number goes to *call.
+  std::string take_earliest_cancel_reason(uint64_t* call);
 
   GroupOptions options_;
   std::unique_ptr<Bootstrap> bootstrap_;
@@ -95,6 +100,10 @@ class Group {
   std::recursive_mutex mutex_;
   cudaEvent_t last_op_ = nullptr;
   uint64_t calls_ = 0;  // op calls so far, failed ones included: ranks number them alike
+  uint64_t cancels_reported_ = 0;  // the last call whose cancel was reported
+  // The last op call issued, so that an abort names the op that was in flight. Atomic: the
+  // watchdog's thread describes aborts too.
+  std::atomic<uint64_t> last_issued_{0};  // call number << 8 | OpId
   SignatureCache agreed_{1024};  // signatures every rank has agreed on
 
   size_t scratch_offset_ = 0;

@@ -1,5 +1,7 @@
 #include "interlace/runtime/op_call.h"
 
+#include <algorithm>
+
 #include "interlace/base/error.h"
 #include "interlace/device/op_sequence.cuh"
 #include "interlace/device/transport.cuh"
@@ -37,17 +39,24 @@ OpCall::OpCall(Group& group, OpId op, cudaStream_t stream)
 }
 
 void OpCall::check_stream() {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaError_t err = cudaStreamIsCapturing(stream_, &capture);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    IL_FAIL(op_name(op_), ": the stream is not usable (", cudaGetErrorString(err), ")");
+  }
+  capturing_ = capture == cudaStreamCaptureStatusActive;
+  // cudaStreamGetDevice is not permitted on a capturing stream (it would invalidate the capture):
+  // there, a stream of another GPU fails at launch instead.
+  if (capturing_) return;
   int device = -1;
-  const cudaError_t err = cudaStreamGetDevice(stream_, &device);
+  err = cudaStreamGetDevice(stream_, &device);
   if (err != cudaSuccess) {
     cudaGetLastError();
     IL_FAIL(op_name(op_), ": the stream is not usable (", cudaGetErrorString(err), ")");
   }
   IL_CHECK(device == group_.device(), op_name(op_), ": the stream belongs to cuda:", device,
            " but the group's GPU is cuda:", group_.device());
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  IL_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
-  capturing_ = capture == cudaStreamCaptureStatusActive;
 }
 
 uint64_t OpCall::agree(const std::function<std::string()>& checks) {
@@ -73,7 +82,8 @@ uint64_t OpCall::agree(const std::function<std::string()>& checks) {
     case Verdict::kAgreed:
       break;
     case Verdict::kCancelled:
-      watchdog.take_cancel_reason(call_);  // reported here, not again by check()
+      group_.take_cancel_reason(call_);  // reported here, not again by check()
+      group_.cancels_reported_ = std::max(group_.cancels_reported_, call_);
       cancel_on_device();
       IL_FAIL("rank ", group_.rank(), ": ", op_name(op_), " was not run: ", verdict.text);
     default:
@@ -95,13 +105,13 @@ void OpCall::launch(const std::function<void(cudaStream_t)>& kernel) {
   }
   // Now that this call is issued (so every rank's numbering stays in step), report a call that this
   // rank's kernel skips, or skipped, because another rank's call of it failed.
-  Watchdog& watchdog = *group_.watchdog_;
-  const std::string this_call = watchdog.take_cancel_reason(call_);
+  const std::string this_call = group_.take_cancel_reason(call_);
   IL_CHECK(this_call.empty(), "rank ", group_.rank(), ": ", op_name(op_), " was not run on any rank: ", this_call,
            ". The group is still usable.");
-  const std::string earlier = watchdog.take_any_cancel_reason();
-  IL_CHECK(earlier.empty(), "rank ", group_.rank(), ": an earlier op call was not run on any rank: ", earlier,
-           ". (This call, ", op_name(op_), ", was issued normally.)");
+  uint64_t call = 0;
+  const std::string earlier = group_.take_earliest_cancel_reason(&call);
+  IL_CHECK(earlier.empty(), "rank ", group_.rank(), ": an earlier op call (#", call, ") was not run on any rank: ",
+           earlier, ". (This call, ", op_name(op_), ", was issued normally.)");
 }
 
 void OpCall::issue(const std::function<void(cudaStream_t)>& kernel) {
@@ -111,6 +121,7 @@ void OpCall::issue(const std::function<void(cudaStream_t)>& kernel) {
   IL_CUDA_CHECK(cudaGetLastError());
   IL_CUDA_CHECK(cudaEventRecordWithFlags(group_.last_op_, stream_,
                                          capturing ? cudaEventRecordExternal : cudaEventRecordDefault));
+  group_.last_issued_.store(call_ << 8 | static_cast<uint64_t>(op_));
 }
 
 void OpCall::cancel_on_device() {
@@ -127,7 +138,9 @@ void OpCall::cancel_on_device() {
       issue([&](cudaStream_t s) { cancel_kernel<<<1, 128, 0, s>>>(t, ctx); });
     } catch (const Error&) {
       // The call's own stream may be what failed its checks: the group's chaining event orders the
-      // cancel as well on this thread's stream of the group's GPU.
+      // cancel as well on this thread's stream of the group's GPU. (The failed call's error is not
+      // sticky; cleared, it cannot fail the cancel's launch check.)
+      cudaGetLastError();
       stream_ = cudaStreamPerThread;
       capturing_ = false;
       issue([&](cudaStream_t s) { cancel_kernel<<<1, 128, 0, s>>>(t, ctx); });

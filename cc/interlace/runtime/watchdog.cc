@@ -155,9 +155,14 @@ void Watchdog::post(int to, Message m) {
 
 Verdict Watchdog::vote(uint64_t call, const std::string& text, bool failed, bool wait) {
   if (world_ == 1) return failed ? Verdict{Verdict::kCancelled, text} : Verdict{};
-  if (wait) {
+  {
     std::lock_guard<std::mutex> lock(mutex_);
-    waiting_[call] = true;
+    if (wait) waiting_[call] = true;
+    if (failed) {  // this rank raises for it: a cancel of it is no news to report later
+      cancel_reasons_.erase(call);
+      failed_here_.insert(call);
+      while (failed_here_.size() > 64) failed_here_.erase(failed_here_.begin());
+    }
   }
   post(0, Message{kVote, rank_, (wait ? kWait : 0u) | (failed ? kFailed : 0u), call, text.substr(0, kMaxText)});
   if (!wait) return {};
@@ -204,11 +209,13 @@ std::string Watchdog::take_cancel_reason(uint64_t call) {
   return why;
 }
 
-std::string Watchdog::take_any_cancel_reason() {
+std::string Watchdog::take_earliest_cancel_reason(uint64_t last_call, uint64_t* call) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (cancel_reasons_.empty()) return "";
-  std::string why = std::move(cancel_reasons_.begin()->second);
-  cancel_reasons_.erase(cancel_reasons_.begin());
+  auto it = cancel_reasons_.begin();
+  if (it == cancel_reasons_.end() || it->first > last_call) return "";
+  *call = it->first;
+  std::string why = std::move(it->second);
+  cancel_reasons_.erase(it);
   return why;
 }
 
@@ -333,7 +340,7 @@ void Watchdog::deliver_verdict(const Message& m) {
     const auto kind = static_cast<Verdict::Kind>(m.flags);
     if (waiting_.count(m.call)) {
       verdicts_[m.call] = Verdict{kind, m.text};
-    } else if (kind == Verdict::kCancelled && m.rank != rank_) {
+    } else if (kind == Verdict::kCancelled && !failed_here_.count(m.call)) {
       cancel_reasons_[m.call] = m.text;  // for check(): this rank's kernel skipped the call
       // Reasons nobody takes (this rank raised for that call itself) must not pile up.
       while (cancel_reasons_.size() > 64) cancel_reasons_.erase(cancel_reasons_.begin());

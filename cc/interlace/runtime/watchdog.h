@@ -21,6 +21,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -60,8 +61,10 @@ class Watchdog {
   std::string abort_reason() const;
   // Why some rank cancelled call `call` (its checks failed), once; "" if that call was not cancelled.
   std::string take_cancel_reason(uint64_t call);
-  // The reason for the earliest cancelled call not yet taken, once; "" if none.
-  std::string take_any_cancel_reason();
+  // The reason for the earliest cancelled call up to `last_call` not yet taken, once, and that call's
+  // number; "" if none. (A peer that is ahead may have cancelled a call this rank has not made yet:
+  // that one is reported when this rank gets there.)
+  std::string take_earliest_cancel_reason(uint64_t last_call, uint64_t* call);
 
  private:
   struct Message {
@@ -118,6 +121,7 @@ class Watchdog {
   std::string abort_reason_;
   bool abort_spread_ = false;
   std::map<uint64_t, std::string> cancel_reasons_;  // by call, for calls this rank's kernel skipped
+  std::set<uint64_t> failed_here_;                  // recent calls whose checks failed on this rank
   bool stopping_ = false;
   std::thread thread_;
 };
