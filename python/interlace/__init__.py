@@ -12,7 +12,8 @@ ranks called different ops, a wait timed out, or group.abort()). Ops of one grou
 another on the GPU, whichever streams they are issued on.
 """
 from interlace import _frameworks
-from interlace._interlace import Bootstrap, Error, Group, gpu_count
+from interlace._group import Group, native as _native
+from interlace._interlace import Bootstrap, Error, gpu_count
 from interlace import _interlace as _C
 
 __all__ = ["Bootstrap", "Error", "Group", "all_gather", "gemm", "gpu_count", "init"]
@@ -35,7 +36,7 @@ def init(*, rank=None, world_size=None, master_addr=None, master_port=None, secr
     device: the CUDA device; default is the launcher's local rank.
     node_name: ranks with the same name share NVLink; default is the hostname.
     """
-    return _C._init(
+    return Group(_C._init(
         rank=-1 if rank is None else rank,
         world_size=-1 if world_size is None else world_size,
         master_addr=master_addr or "",
@@ -47,23 +48,7 @@ def init(*, rank=None, world_size=None, master_addr=None, master_port=None, secr
         heartbeat_timeout_s=heartbeat_timeout_s,
         bootstrap_timeout_s=bootstrap_timeout_s,
         node_name=node_name or "",
-    )
-
-
-def _group_empty(self, shape, dtype):
-    """A symmetric tensor: same offset in every rank's heap. Wrap it with torch.from_dlpack,
-    cupy.from_dlpack or jax.dlpack.from_dlpack (zero-copy). Collective: all ranks allocate alike."""
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    return self._empty(list(shape), _frameworks.dtype_name(dtype))
-
-
-def _group_peer(self, tensor, rank):
-    """A view of `tensor` (symmetric) as it lies in the heap of `rank`, which must share this node."""
-    return self._peer(tensor, rank)
-
-
-Group.empty = _group_empty
-Group.peer = _group_peer
+    ))
 
 
 def all_gather(out, inp, group, *, stream=None, num_blocks=0, chunk_bytes=0):
@@ -75,10 +60,11 @@ def all_gather(out, inp, group, *, stream=None, num_blocks=0, chunk_bytes=0):
     work on bad arguments."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: use interlace.jax.all_gather(x, group), which returns a new array")
+    native = _native(group)
     if stream is None:
         stream = _frameworks.current_stream(out, inp)
-    _C.all_gather(_frameworks.as_dlpack(out), _frameworks.as_dlpack(inp), group, stream=stream, num_blocks=num_blocks,
-                  chunk_bytes=chunk_bytes)
+    _C.all_gather(_frameworks.as_dlpack(out), _frameworks.as_dlpack(inp), native, stream=stream,
+                  num_blocks=num_blocks, chunk_bytes=chunk_bytes)
 
 
 def gemm(a, b, out, *, stream=None, band_m=0, tile_n=0, cluster_m=0, pingpong=True):

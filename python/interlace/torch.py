@@ -7,25 +7,17 @@ models that call them, and CUDA graphs (mode="reduce-overhead") replay them.
     itorch.all_gather(x, group, out=buf)     # into buf
     c = itorch.gemm(a, b)                    # a @ b on interlace's engine
 
-Custom ops take tensors and scalars, not Python objects: a group crosses torch.library as an
-integer handle (its registration below), which torch.compile treats as a constant.
+Custom ops take tensors and scalars, not Python objects: a group crosses torch.library as its
+integer handle (group.handle), and the op finds the group again by it. group.handle is a plain int
+attribute: torch.compile bakes it into the graph as a constant with a guard (or, once another group
+reaches the same code, may pass it in as an int input; CUDA graphs are recorded per value).
 """
 import torch as _torch
 
 import interlace as _interlace
+from interlace import _group
 
-# Groups by the integer handle the custom ops (torch.ops.interlace.<name>) take; see _handle.
-_groups = {}
 _rendezvous_calls = {}  # per process group (its global ranks): how many rendezvous it has made
-
-
-@_torch.compiler.assume_constant_result
-def _handle(group) -> int:
-    """The group's integer handle for the custom ops (registered on first use; kept for the life
-    of the process, like the group's own resources)."""
-    key = id(group)
-    _groups.setdefault(key, group)
-    return key
 
 
 def _gathered_shape(inp, world_size):
@@ -34,7 +26,7 @@ def _gathered_shape(inp, world_size):
 
 @_torch.library.custom_op("interlace::all_gather_into", mutates_args=("out",), device_types="cuda")
 def _all_gather_into(out: _torch.Tensor, inp: _torch.Tensor, group: int) -> None:
-    _interlace.all_gather(out, inp, _groups[group])
+    _interlace.all_gather(out, inp, _group.by_handle(group))
 
 
 @_all_gather_into.register_fake
@@ -45,7 +37,7 @@ def _(out, inp, group):
 @_torch.library.custom_op("interlace::all_gather", mutates_args=(), device_types="cuda")
 def _all_gather(inp: _torch.Tensor, group: int, world_size: int) -> _torch.Tensor:
     out = inp.new_empty(_gathered_shape(inp, world_size))
-    _interlace.all_gather(out, inp, _groups[group])
+    _interlace.all_gather(out, inp, _group.by_handle(group))
     return out
 
 
@@ -82,8 +74,8 @@ def all_gather(inp: _torch.Tensor, group, *, out: _torch.Tensor = None) -> _torc
     """Every rank's inp concatenated along dim 0, as torch.ops.interlace.all_gather (a new tensor)
     or, with out=, torch.ops.interlace.all_gather_into (returns out). See interlace.all_gather."""
     if out is None:
-        return _torch.ops.interlace.all_gather(inp, _handle(group), group.world_size)
-    _torch.ops.interlace.all_gather_into(out, inp, _handle(group))
+        return _torch.ops.interlace.all_gather(inp, group.handle, group.world_size)
+    _torch.ops.interlace.all_gather_into(out, inp, group.handle)
     return out
 
 

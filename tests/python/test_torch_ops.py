@@ -1,19 +1,65 @@
 """interlace's torch.library ops on the CPU: registration, fake (meta) shapes, and tracing by
 torch.export and torch.compile(fullgraph=True) with no graph break. Running them needs GPUs
-(tests/gpu); tracing does not: it uses the fake implementations."""
+(tests/gpu); tracing does not: it uses the fake implementations, which also serve meta tensors.
+
+The group is a real interlace.Group. The native group inside it needs a GPU, so a nanobind object
+stands in for it (NativeStandIn): were tracing to reach through the Group into nanobind (a method
+call, a property), dynamo would break the graph, as it did when interlace.Group was the nanobind class."""
+import gc
+import socket
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 torch = pytest.importorskip("torch")
+import interlace  # noqa: E402
 import interlace.torch as itorch  # noqa: E402
+from interlace import _group  # noqa: E402
+import torch._dynamo.testing  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
-
-class FakeGroup:
-    """Stands in for interlace.Group where only world_size is read (tracing never runs the op)."""
-    world_size = 4
+WORLD = 4
 
 
-GROUP = FakeGroup()
+class NativeStandIn(interlace.Bootstrap):
+    """Stands in for interlace._interlace.Group: a nanobind object whose rank, world_size and
+    barrier() are nanobind's, as the native group's are; its topology is one node."""
+    node = 0
+    num_nodes = 1
+    device = 0
+    heap_bytes = 1 << 20
+
+    @property
+    def local_rank(self):
+        return self.rank
+
+    @property
+    def local_size(self):
+        return self.world_size
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def natives():
+    """WORLD ranks' stand-ins, rendezvoused on loopback from threads (the rendezvous releases the GIL)."""
+    port = free_port()
+
+    def join(rank):
+        return NativeStandIn(rank=rank, world_size=WORLD, master_addr="127.0.0.1", master_port=port,
+                             secret="test", timeout_s=30.0)
+
+    with ThreadPoolExecutor(WORLD) as pool:
+        return list(pool.map(join, range(WORLD)))
+
+
+@pytest.fixture(scope="module")
+def group(natives):
+    return interlace.Group(natives[0])
 
 
 def test_every_op_is_registered_with_its_schema():
@@ -25,10 +71,46 @@ def test_every_op_is_registered_with_its_schema():
     assert schemas["gemm"].endswith("-> Tensor"), schemas
 
 
-def test_fake_implementations_give_the_output_shapes():
+def test_group_is_plain_python_around_the_native_group(natives, group):
+    assert isinstance(group, interlace.Group) and group._native is natives[0]
+    # Plain instance attributes, no attribute hooks: what torch.compile reads as constants.
+    assert "__getattr__" not in vars(interlace.Group)
+    assert interlace.Group.__getattribute__ is object.__getattribute__
+    expected = dict(rank=0, world_size=WORLD, local_rank=0, local_size=WORLD, node=0, num_nodes=1, device=0,
+                    heap_bytes=1 << 20)
+    assert {name: vars(group)[name] for name in expected} == expected
+    assert type(vars(group)["handle"]) is int
+    # Methods forward to the native group: a barrier of all WORLD ranks through their Groups.
+    with ThreadPoolExecutor(WORLD) as pool:
+        assert list(pool.map(lambda n: interlace.Group(n).barrier(), natives)) == [None] * WORLD
+
+
+def test_handles_name_live_groups(natives, group):
+    other = interlace.Group(natives[1])
+    assert other.handle != group.handle
+    assert _group.by_handle(group.handle) is group and _group.by_handle(other.handle) is other
+    freed = interlace.Group(natives[2]).handle  # nobody holds it: it is freed, and so is its handle
+    gc.collect()
+    with pytest.raises(interlace.Error, match=f"no live interlace.Group has handle {freed}"):
+        _group.by_handle(freed)
+
+
+def test_init_returns_a_group(natives, monkeypatch):
+    monkeypatch.setattr(interlace._C, "_init", lambda **options: natives[0])
+    group = interlace.init(rank=0, world_size=WORLD)
+    assert isinstance(group, interlace.Group) and group._native is natives[0]
+
+
+def test_ops_refuse_what_is_not_a_group(natives):
+    x = torch.empty(3, 5)
+    with pytest.raises(TypeError, match="expected an interlace.Group"):
+        interlace.all_gather(torch.empty(12, 5), x, natives[0])
+
+
+def test_fake_implementations_give_the_output_shapes(group):
     with FakeTensorMode():
         x = torch.empty(3, 5, dtype=torch.bfloat16)
-        y = itorch.all_gather(x, GROUP)
+        y = itorch.all_gather(x, group)
         assert y.shape == (12, 5) and y.dtype == torch.bfloat16
         a, b = torch.empty(7, 16, dtype=torch.bfloat16), torch.empty(16, 24, dtype=torch.bfloat16)
         c = itorch.gemm(a, b)
@@ -40,32 +122,36 @@ def test_fake_implementations_give_the_output_shapes():
 class TensorParallelBlock(torch.nn.Module):
     """What a column-parallel layer does: gather the sequence shards, then multiply."""
 
-    def __init__(self):
+    def __init__(self, group, device="cpu"):
         super().__init__()
-        self.weight = torch.nn.Parameter(torch.empty(32, 16, dtype=torch.bfloat16))
+        self.group = group
+        self.weight = torch.nn.Parameter(torch.empty(32, 16, dtype=torch.bfloat16, device=device))
 
     def forward(self, x):
-        gathered = itorch.all_gather(x, GROUP)
+        gathered = itorch.all_gather(x, self.group)
         return itorch.gemm(gathered, self.weight.t()).relu()
 
 
-def test_torch_export_traces_the_ops_into_one_graph():
-    exported = torch.export.export(TensorParallelBlock(), (torch.empty(3, 16, dtype=torch.bfloat16),))
-    targets = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
+def test_torch_export_traces_the_ops_into_one_graph(group):
+    exported = torch.export.export(TensorParallelBlock(group), (torch.empty(3, 16, dtype=torch.bfloat16),))
+    calls = [n for n in exported.graph.nodes if n.op == "call_function"]
+    targets = [str(n.target) for n in calls]
     assert "interlace.all_gather.default" in targets, targets
     assert "interlace.gemm.default" in targets, targets
+    gather = calls[targets.index("interlace.all_gather.default")]
+    assert gather.args[1:] == (group.handle, WORLD), gather.args
     out = [n for n in exported.graph.nodes if n.op == "output"][0]
     assert tuple(out.args[0][0].meta["val"].shape) == (12, 32)
 
 
-def test_torch_compile_fullgraph_has_no_graph_break():
+def test_torch_compile_fullgraph_has_no_graph_break(group):
     graphs = []
 
     def capture(gm, example_inputs):  # records the graph; never runs the ops (no GPU here)
         graphs.append(gm)
         return lambda *args: (torch.empty(12, 32, dtype=torch.bfloat16),)
 
-    compiled = torch.compile(TensorParallelBlock(), fullgraph=True, backend=capture)
+    compiled = torch.compile(TensorParallelBlock(group), fullgraph=True, backend=capture)
     compiled(torch.empty(3, 16, dtype=torch.bfloat16))
     assert len(graphs) == 1
     targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
@@ -73,9 +159,31 @@ def test_torch_compile_fullgraph_has_no_graph_break():
     assert any("interlace.gemm" in t for t in targets), targets
 
 
-def test_out_variants_trace_as_mutations():
+def test_aot_eager_fullgraph_with_the_group_as_argument(natives, group):
+    """aot_eager traces through AOTAutograd and runs the graph; on meta tensors the ops run their
+    fake implementations. The handle is guarded on: another group recompiles."""
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    weight = torch.empty(32, 16, dtype=torch.bfloat16, device="meta")
+
+    @torch.compile(fullgraph=True, backend=counter)
+    def block(x, g):
+        return itorch.gemm(itorch.all_gather(x, g), weight.t()).relu()
+
+    for rows in (3, 3):
+        out = block(torch.empty(rows, 16, dtype=torch.bfloat16, device="meta"), group)
+        assert out.shape == (WORLD * rows, 32) and out.device.type == "meta"
+    assert counter.frame_count == 1  # the second call reused the graph
+    other = interlace.Group(natives[1])
+    block(torch.empty(3, 16, dtype=torch.bfloat16, device="meta"), other)
+    assert counter.frame_count == 2  # another handle: the guard on it failed, and dynamo recompiled
+    for graph in counter.graphs:
+        targets = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+        assert any("interlace.all_gather" in t for t in targets), targets
+
+
+def test_out_variants_trace_as_mutations(group):
     def f(x, buf):
-        itorch.all_gather(x, GROUP, out=buf)
+        itorch.all_gather(x, group, out=buf)
         return buf * 2
 
     graphs = []
