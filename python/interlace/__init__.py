@@ -16,7 +16,7 @@ from interlace._group import Group, native as _native
 from interlace._interlace import Bootstrap, Error, gpu_count
 from interlace import _interlace as _C
 
-__all__ = ["Bootstrap", "Error", "Group", "all_gather", "gemm", "gpu_count", "init"]
+__all__ = ["Bootstrap", "Error", "Group", "ag_gemm", "all_gather", "gemm", "gpu_count", "init"]
 __version__ = "0.1.0"
 
 
@@ -81,3 +81,24 @@ def gemm(a, b, out, *, stream=None, band_m=0, tile_n=0, cluster_m=0, pingpong=Tr
         stream = _frameworks.current_stream(out, a, b)
     _C.gemm(_frameworks.as_dlpack(a), _frameworks.as_dlpack(b), _frameworks.as_dlpack(out), stream=stream,
             band_m=band_m, tile_n=tile_n, cluster_m=cluster_m, pingpong=pingpong)
+
+
+def ag_gemm(a_shard, b, out, group, *, gathered=None, shard_rows=None, stream=None, chunk_rows=0, band_m=0, tile_n=0):
+    """out[M, N] = A[M, K] @ b, where A is every rank's a_shard ([M_r, K], row-major) stacked in rank
+    order, in one launch: the shards travel over NVLink while the GEMM computes on the rows that have
+    landed (this rank's own first). b is [K, N], row-major or column-major (a Linear weight w [N, K]
+    as w.t()); bf16 or fp16, fp32 accumulation; rows 16-byte aligned (K and N multiples of 8).
+    shard_rows: every rank's M_r, the same list on every rank (default: even shards, M / world).
+    gathered: an optional [M, K] tensor that receives A (the backward pass needs it); a symmetric one
+    (group.empty) is written in place, an ordinary one is copied into from heap scratch.
+    chunk_rows, band_m, tile_n tune the kernel (0: automatic). Stream-ordered, graph-capturable;
+    raises interlace.Error before any GPU work on bad arguments."""
+    if _frameworks.is_jax(out):
+        raise TypeError("JAX arrays are immutable: interlace.ag_gemm writes into out")
+    native = _native(group)
+    if stream is None:
+        stream = _frameworks.current_stream(out, a_shard, b)
+    _C.ag_gemm(_frameworks.as_dlpack(a_shard), _frameworks.as_dlpack(b), _frameworks.as_dlpack(out), native,
+               gathered=None if gathered is None else _frameworks.as_dlpack(gathered),
+               shard_rows=[] if shard_rows is None else [int(r) for r in shard_rows], stream=stream,
+               chunk_rows=chunk_rows, band_m=band_m, tile_n=tile_n)

@@ -69,6 +69,61 @@ TEST(AgGemmPlan, RandomLayouts) {
   }
 }
 
+// The kernel's closed-form order visits every tile once, slot by slot as the host reference does,
+// and in bands within a slot.
+void check_kernel_order(const std::vector<int64_t>& rows_per_rank, int rank, int tile_m, int tiles_n, int band_m) {
+  SCOPED_TRACE(::testing::Message() << "rank " << rank << ", tiles_n " << tiles_n << ", band_m " << band_m);
+  const AgGemmRows rows = make_ag_gemm_rows(rows_per_rank, rank, tile_m);
+  const AgGemmOrder::Params p = AgGemmOrder::make(rows, tiles_n, band_m);
+  const std::vector<int32_t> reference = ag_gemm_tile_row_order(rows);
+  const int32_t num_tiles = rows.tiles_m() * tiles_n;
+  ASSERT_EQ(p.first_position[kAgGemmMaxRanks], num_tiles);
+  std::set<std::pair<int32_t, int32_t>> seen;
+  std::vector<int32_t> row_order;  // tile rows by first visit
+  for (int32_t i = 0; i < num_tiles; ++i) {
+    int32_t m = -1, n = -1;
+    AgGemmOrder::tile(p, i, m, n);
+    ASSERT_TRUE(m >= 0 && m < rows.tiles_m() && n >= 0 && n < tiles_n) << "position " << i;
+    ASSERT_TRUE(seen.insert({m, n}).second) << "tile " << m << ", " << n << " twice";
+    if (std::find(row_order.begin(), row_order.end(), m) == row_order.end()) row_order.push_back(m);
+  }
+  // Slot by slot, like the reference (rows within a slot may come in any order of bands).
+  ASSERT_EQ(row_order.size(), reference.size());
+  for (size_t i = 0; i < reference.size(); ++i) EXPECT_EQ(rows.slot_of(row_order[i]), rows.slot_of(reference[i]));
+}
+
+TEST(AgGemmPlan, KernelOrderMatchesTheReference) {
+  const std::vector<std::vector<int64_t>> layouts = {
+      {4096, 4096}, {1, 300, 0, 129}, {0, 0, 5, 0}, {127, 1, 128, 129}, {1000, 1}, {5000}, {0, 0}, {3, 3, 3}};
+  for (const auto& layout : layouts) {
+    for (int rank = 0; rank < static_cast<int>(layout.size()); ++rank) {
+      for (int tiles_n : {1, 3, 56}) {
+        for (int band_m : {1, 4, 16}) check_kernel_order(layout, rank, 256, tiles_n, band_m);
+      }
+    }
+  }
+  std::mt19937 random(5);
+  for (int trial = 0; trial < 100; ++trial) {
+    const int world = 1 + static_cast<int>(random() % 8);
+    std::vector<int64_t> layout(world);
+    for (auto& r : layout) r = random() % 4 == 0 ? 0 : static_cast<int64_t>(random() % 2000);
+    check_kernel_order(layout, static_cast<int>(random() % world), 128 * (1 + random() % 2),
+                       1 + static_cast<int>(random() % 20), 1 + static_cast<int>(random() % 16));
+  }
+}
+
+TEST(AgGemmPlan, ChunkRows) {
+  const AgGemmRows rows = make_ag_gemm_rows({4096, 4096}, 0);
+  EXPECT_EQ(ag_gemm_chunk_rows(rows, 16384, 132, 0), 16);        // 256 KiB
+  EXPECT_EQ(ag_gemm_chunk_rows(rows, 16384, 500, 0), 5);         // 2 per CTA where 256 KiB would leave CTAs idle
+  EXPECT_EQ(ag_gemm_chunk_rows(rows, 16, 132, 0), 16);            // tiny rows: 2 per CTA
+  EXPECT_EQ(ag_gemm_chunk_rows(make_ag_gemm_rows({1 << 20, 1}, 1), 16, 1, 0), 16384);  // 256 KiB
+  EXPECT_EQ(ag_gemm_chunk_rows(make_ag_gemm_rows({1 << 22, 1}, 1), 1 << 16, 132, 0), 4096);  // at most 1024 chunks
+  EXPECT_EQ(ag_gemm_chunk_rows(rows, 16384, 132, 7), 7);
+  EXPECT_THROW(ag_gemm_chunk_rows(make_ag_gemm_rows({1 << 22, 1}, 1), 16, 132, 7), Error);
+  EXPECT_EQ(ag_gemm_chunk_rows(make_ag_gemm_rows({0, 0}, 1), 16, 132, 0), 1);
+}
+
 TEST(AgGemmPlan, OwnerOfRowSkipsEmptyShards) {
   const AgGemmRows rows = make_ag_gemm_rows({3, 0, 0, 2}, 0, 128);
   EXPECT_EQ(rows.owner_of_row(0), 0);

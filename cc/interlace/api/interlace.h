@@ -12,6 +12,7 @@
 #include "interlace/base/tensor.h"
 #include "interlace/base/error.h"
 #include "interlace/gemm/gemm.h"
+#include "interlace/ops/ag_gemm/launch.h"
 #include "interlace/ops/all_gather/launch.h"
 #include "interlace/ops/all_gather/plan.h"
 #include "interlace/runtime/group.h"

@@ -18,8 +18,9 @@ constexpr int kMaxLocalRanks = 72;
 // CTAs one op may use; op flags are kept per CTA so that CTAs never wait on each other.
 constexpr int kMaxBlocks = 1024;
 
-enum class OpId : int32_t { kNone = 0, kAllGather = 1, kCancel = 2 };
-enum class FlagId : int32_t { kNone = 0, kHello = 1, kDone = 2, kGate = 3 };
+// Ops with flags come first, one region of the signal pad each (kNumOpRegions).
+enum class OpId : int32_t { kNone = 0, kAllGather = 1, kAgGemm = 2, kCancel = 3 };
+enum class FlagId : int32_t { kNone = 0, kHello = 1, kDone = 2, kGate = 3, kChunk = 4 };
 
 // The handshake every op kernel makes on entry (device/op_sequence.cuh). Ops of a group run one
 // after another on each rank (Group chains them), so a device counter numbers them; a kernel for op
@@ -45,8 +46,8 @@ struct OpSignals {
 };
 
 constexpr uint64_t kOpRegionBytes = uint64_t{1} << 20;
-// One region per op kind with flags: OpIds 1 .. kNumOpRegions (kAllGather). Grows with the ops.
-constexpr int kNumOpRegions = 1;
+// One region per op kind with flags: OpIds 1 .. kNumOpRegions (kAllGather, kAgGemm). Grows with the ops.
+constexpr int kNumOpRegions = 2;
 
 struct SignalPad {
   OpSignals ops;

@@ -5,6 +5,7 @@
 
 #include "interlace/base/cuda.h"
 #include "interlace/gemm/args.h"
+#include "interlace/gemm/launch.cuh"
 #include "interlace/gemm/sm90_gemm_tma_warpspecialized.cuh"
 #include "interlace/gemm/tile_plan.h"
 
@@ -15,51 +16,22 @@ template <class Element, bool kBKMajor, int kTileN, int kClusterM, bool kPingpon
 void launch(const GemmProblem& p, const TensorView& a, const TensorView& b, const TensorView& out,
             cudaStream_t stream, const GemmTuning& tuning, int num_sms) {
   using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, kPingpong>;
-  using Mainloop = typename Config::Mainloop;
   using Epilogue = gemm_engine::StoreTile<Element>;
   using Params = gemm_engine::GemmParams<Config, BandedOrder, gemm_engine::NoInputWait, Epilogue>;
-  auto kernel = gemm_engine::sm90_gemm_kernel<Config, BandedOrder, gemm_engine::NoInputWait, Epilogue>;
-
-  typename Mainloop::StrideA stride_a{};
-  cute::get<0>(stride_a) = p.lda;
-  typename Mainloop::StrideB stride_b{};
-  if constexpr (kBKMajor) {
-    cute::get<0>(stride_b) = p.ldb;  // (N, K): N steps by ldb, K contiguous
-  } else {
-    cute::get<1>(stride_b) = p.ldb;  // (N, K): N contiguous, K steps by ldb
-  }
-  typename Mainloop::Arguments args{static_cast<const Element*>(a.data), stride_a,
-                                    static_cast<const Element*>(b.data), stride_b};
-  const auto problem = cute::make_shape(static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), 1);
 
   // The order is over cluster tiles: kClusterM tile rows that run together.
   const TileGrid grid = tile_grid(p.m, p.n, Config::kTileM * kClusterM, Config::kTileN);
   Params params{};
-  params.mainloop = Mainloop::to_underlying_arguments(problem, args, nullptr);
+  params.mainloop = gemm_engine::mainloop_params<Config>(p, a.data, b.data);
   params.m = static_cast<int32_t>(p.m);
   params.n = static_cast<int32_t>(p.n);
   params.k = static_cast<int32_t>(p.k);
   params.order = BandedOrder::make(grid, tuning.band_m);
   params.num_tiles = grid.num_tiles();
   params.epilogue = {static_cast<Element*>(out.data), p.ldc};
-
-  const int smem = static_cast<int>(sizeof(typename Config::SharedStorage));
-  // Fails, and so raises, where the build has no kernel image for this GPU.
-  IL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const int ctas = std::min(grid.num_tiles(), num_sms / kClusterM) * kClusterM;
-  cudaLaunchConfig_t launch_config{};
-  launch_config.gridDim = dim3(ctas);
-  launch_config.blockDim = dim3(Config::kThreads);
-  launch_config.dynamicSmemBytes = smem;
-  launch_config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = kClusterM;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  launch_config.attrs = &cluster;
-  launch_config.numAttrs = 1;
-  IL_CUDA_CHECK(cudaLaunchKernelEx(&launch_config, kernel, params));
+  gemm_engine::launch_kernel<Config>(
+      gemm_engine::sm90_gemm_kernel<Config, BandedOrder, gemm_engine::NoInputWait, Epilogue>, params, ctas, stream);
 }
 
 }  // namespace

@@ -5,7 +5,14 @@
 //   Epilogue::store(params, accum, ...)     consumers, with a finished tile in registers: e.g. store
 //                                           it into another GPU's memory, add it into a staging
 //                                           buffer, raise a flag.
-// The plain versions below compile to nothing (NoInputWait) and a predicated store (StoreTile).
+//   Phases::begin(params) -> bool          every thread of every CTA, first: e.g. the op handshake;
+//                                           false stops the CTA (and its cluster)
+//   Phases::helpers(params, i, count)      the producer warpgroup's idle warps (threads i of count),
+//                                           during the GEMM: e.g. pushing this rank's inputs to peers
+//   Phases::end(params)                    every thread of every CTA, last, after a __syncthreads
+// The plain versions below compile to nothing (NoInputWait, NoPhases) and a predicated store
+// (StoreTile). InputWait::wait must return even when what it waits for never comes (its wait is
+// bounded and the group aborted): the consumers wait on the stages it loads.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +22,13 @@
 #include "cutlass/numeric_conversion.h"
 
 namespace interlace::gemm_engine {
+
+struct NoPhases {
+  struct Params {};
+  __device__ static bool begin(const Params&) { return true; }
+  __device__ static void helpers(const Params&, int /*thread*/, int /*threads*/) {}
+  __device__ static void end(const Params&) {}
+};
 
 struct NoInputWait {
   struct Params {};

@@ -6,15 +6,20 @@
 // as the walk goes, so that no per-shape data lives in device memory. Roles:
 //   Producer  (warpgroup 0, one warp): per tile, InputWait::wait, then TMA loads of A and B k-slices
 //             into a ring of shared-memory stages;
+//   Helpers   (warpgroup 0, warps 1-3): Phases::helpers, e.g. a fused op's transfers to peers;
 //   Consumer0/Consumer1 (warpgroups 1, 2): wgmma on the stages into fp32 registers, then
 //             Epilogue::store of the finished tile, in one loop whose schedule is a policy
 //             (Config::Schedule, sm90_config.cuh). Cooperative: both share each tile (64 rows
 //             each). Ping-pong: they take alternate tiles and turns, so that one warpgroup's
 //             epilogue runs while the other's wgmma keeps the tensor cores busy.
 // The producer runs ahead into the next tile while the consumers finish and store the current one.
+// Phases::begin runs first in every CTA (a fused op's handshake with its peers) and may stop the
+// launch; the CTAs of a cluster then all stop, since a CTA that exits alone would leave its partner
+// waiting on multicasts and barriers. Phases::end runs last, once every role is done.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cute/tensor.hpp"
 #include "cutlass/arch/reg_reconfig.h"
@@ -24,7 +29,7 @@
 
 namespace interlace::gemm_engine {
 
-template <class Config, class Order, class InputWait, class Epilogue>
+template <class Config, class Order, class InputWait, class Epilogue, class Phases = NoPhases>
 struct GemmParams {
   typename Config::Mainloop::Params mainloop;
   int32_t m, n, k;
@@ -32,6 +37,7 @@ struct GemmParams {
   int32_t num_tiles;             // cluster tiles: positions 0 .. num_tiles - 1 of the order
   typename InputWait::Params input_wait;
   typename Epilogue::Params epilogue;
+  typename Phases::Params phases;
 };
 
 enum class WarpGroupRole { Producer = 0, Consumer0 = 1, Consumer1 = 2 };
@@ -116,12 +122,47 @@ __device__ __forceinline__ void run_consumer(const Params& params, typename Conf
   }
 }
 
-template <class Config, class Order, class InputWait, class Epilogue>
+// Whether every CTA of this cluster wants to run (each says so in `mine`), after a cluster barrier;
+// on "no" a second barrier keeps each CTA's shared memory alive until its partners have read it.
+template <int kClusterM>
+__device__ __forceinline__ bool whole_cluster_runs(int* mine, bool run) {
+  if constexpr (kClusterM == 1) {
+    return run;
+  } else {
+    if (threadIdx.x == 0) *mine = run ? 1 : 0;
+    cute::cluster_arrive_relaxed();
+    cute::cluster_wait();
+    bool all = true;
+    for (int r = 0; r < kClusterM; ++r) {
+      uint32_t theirs;
+      const uint32_t addr = cute::cast_smem_ptr_to_uint(mine);
+      asm volatile(
+          "{ .reg .b32 remote;\n"
+          "  mapa.shared::cluster.u32 remote, %1, %2;\n"
+          "  ld.shared::cluster.u32 %0, [remote]; }\n"
+          : "=r"(theirs)
+          : "r"(addr), "r"(r)
+          : "memory");
+      all = all && theirs != 0;
+    }
+    if (!all) {
+      cute::cluster_arrive_relaxed();
+      cute::cluster_wait();
+    }
+    return all;
+  }
+}
+
+template <class Config, class Order, class InputWait, class Epilogue, class Phases = NoPhases>
 __global__ void __launch_bounds__(Config::kThreads, 1)
-    sm90_gemm_kernel(const __grid_constant__ GemmParams<Config, Order, InputWait, Epilogue> params) {
+    sm90_gemm_kernel(const __grid_constant__ GemmParams<Config, Order, InputWait, Epilogue, Phases> params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace cute;
   using Pipeline = typename Config::Pipeline;
+  if constexpr (!std::is_same_v<Phases, NoPhases>) {
+    __shared__ int runs;
+    if (!whole_cluster_runs<Config::kClusterM>(&runs, Phases::begin(params.phases))) return;
+  }
   extern __shared__ __align__(128) char smem[];
   auto& shared = *reinterpret_cast<typename Config::SharedStorage*>(smem);
   const int warp_idx = cutlass::canonical_warp_idx_sync();
@@ -158,10 +199,16 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       typename Config::Mainloop mainloop;
       auto load_inputs = mainloop.load_init(problem, params.mainloop);
       run_producer<Config, Order, InputWait>(params, pipeline, load_inputs, shared, k_tiles);
+    } else {
+      Phases::helpers(params.phases, static_cast<int>(threadIdx.x) - 32, cutlass::NumThreadsPerWarpGroup - 32);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
     run_consumer<Config, Order, Epilogue>(params, pipeline, shared, math_order, k_tiles, consumer_group);
+  }
+  if constexpr (!std::is_same_v<Phases, NoPhases>) {
+    __syncthreads();
+    Phases::end(params.phases);
   }
 #elif defined(__CUDA_ARCH__)
   // Compiled for a GPU without sm_90a's wgmma, TMA and register reallocation: an empty kernel would

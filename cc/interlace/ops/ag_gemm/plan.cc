@@ -34,4 +34,40 @@ std::vector<int32_t> ag_gemm_tile_row_order(const AgGemmRows& rows) {
   return order;
 }
 
+AgGemmOrder::Params AgGemmOrder::make(const AgGemmRows& rows, int32_t tiles_n, int32_t band_m) {
+  IL_CHECK(tiles_n >= 0 && band_m >= 1, "ag_gemm: bad tile order (tiles_n ", tiles_n, ", band_m ", band_m, ")");
+  Params p;
+  p.tiles_n = tiles_n;
+  p.band_m = band_m;
+  p.slots = rows.world;
+  const std::vector<int32_t> order = ag_gemm_tile_row_order(rows);
+  size_t i = 0;
+  for (int32_t s = 0; s < rows.world; ++s) {
+    const size_t begin = i;
+    p.first_position[s] = static_cast<int32_t>(i) * tiles_n;
+    p.first_row[s] = i < order.size() ? order[i] : 0;
+    for (; i < order.size() && rows.slot_of(order[i]) == s; ++i) {
+      IL_CHECK(order[i] == p.first_row[s] + static_cast<int32_t>(i - begin), "ag_gemm: slot ", s,
+               "'s tile rows are not contiguous");
+    }
+  }
+  p.first_position[rows.world] = static_cast<int32_t>(i) * tiles_n;
+  for (int32_t s = rows.world + 1; s <= kAgGemmMaxRanks; ++s) p.first_position[s] = p.first_position[rows.world];
+  return p;
+}
+
+int64_t ag_gemm_chunk_rows(const AgGemmRows& rows, int64_t row_bytes, int ctas, int64_t requested) {
+  int64_t largest = 0;
+  for (int q = 0; q < rows.world; ++q) largest = std::max(largest, rows.start[q + 1] - rows.start[q]);
+  const int64_t fewest = std::max<int64_t>(1, (largest + kAgGemmMaxChunks - 1) / kAgGemmMaxChunks);
+  if (requested > 0) {
+    IL_CHECK(requested >= fewest, "ag_gemm: chunk_rows=", requested, " cuts a shard of ", largest, " rows into more than ",
+             kAgGemmMaxChunks, " chunks; use at least ", fewest);
+    return requested;
+  }
+  const int64_t by_bytes = std::max<int64_t>(1, (int64_t{256} << 10) / std::max<int64_t>(row_bytes, 1));
+  const int64_t by_ctas = std::max<int64_t>(1, (largest + 2 * ctas - 1) / (2 * std::max(ctas, 1)));
+  return std::max(fewest, std::min(by_bytes, by_ctas));
+}
+
 }  // namespace interlace

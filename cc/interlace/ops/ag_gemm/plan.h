@@ -1,7 +1,6 @@
 // Host and device plan of ag_gemm (issue: fused AllGather+GEMM): which rows of the gathered A each
 // rank's shard holds, in which order the GEMM visits tile rows so that it never waits for the
-// network when it need not, and which shards a tile row must wait for. Groundwork: the kernel that
-// executes it is not built yet.
+// network when it need not, and which shards a tile row must wait for.
 //
 // Shards may be uneven (a shard of 1 row, a rank with none), so a 128-row tile row can span several
 // shards. The order is by shard: this rank's own shard first (no wait), then the peers' in the order
@@ -9,6 +8,8 @@
 // r - 2, ...). A tile row spanning shards is computed with the shard that arrives last among them,
 // so its wait is never longer than its neighbours'. Everything is closed form over a per-rank table
 // small enough for kernel parameters, so nothing is uploaded per shape.
+//
+// Each shard travels in chunks of chunk_rows rows, one flag per chunk and sender on every receiver.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,8 @@
 namespace interlace {
 
 constexpr int kAgGemmMaxRanks = 72;
+// Chunks per shard: each has a flag per sender on every receiver (ops/ag_gemm/flags.h).
+constexpr int kAgGemmMaxChunks = 1024;
 
 struct AgGemmRows {
   int32_t world = 1;
@@ -62,6 +65,42 @@ struct AgGemmRows {
     return latest;
   }
 };
+
+// The kernel's order over (tile row, tile column), a GEMM engine Order policy (gemm/tile_plan.h):
+// slot by slot, and within a slot, whose tile rows are one contiguous range, in bands of band_m
+// tile rows for L2 reuse as BandedOrder does.
+struct AgGemmOrder {
+  struct Params {
+    int32_t tiles_n = 0;
+    int32_t band_m = 1;
+    int32_t slots = 1;
+    int32_t first_position[kAgGemmMaxRanks + 1] = {};  // slot s: positions [first_position[s], first_position[s + 1])
+    int32_t first_row[kAgGemmMaxRanks] = {};           // slot s: tile rows first_row[s] ...
+  };
+
+  // rows.tile_m is the height of the tiles the order walks (a cluster's).
+  static Params make(const AgGemmRows& rows, int32_t tiles_n, int32_t band_m);
+
+  IL_HOST_DEVICE static inline void tile(const Params& p, int32_t i, int32_t& m_idx, int32_t& n_idx) {
+    int32_t s = 0;
+    while (i >= p.first_position[s + 1]) ++s;
+    const int32_t begin = p.first_position[s];
+    const int32_t tiles_m = (p.first_position[s + 1] - begin) / p.tiles_n;
+    const int32_t band_m = p.band_m < tiles_m ? p.band_m : tiles_m;
+    // BandedOrder over the slot's tiles_m x tiles_n.
+    const int32_t band_tiles = band_m * p.tiles_n;
+    const int32_t band = (i - begin) / band_tiles;
+    const int32_t first = band * band_m;
+    const int32_t rows = tiles_m - first < band_m ? tiles_m - first : band_m;
+    const int32_t in_band = i - begin - band * band_tiles;
+    n_idx = in_band / rows;
+    m_idx = p.first_row[s] + first + (in_band - n_idx * rows);
+  }
+};
+
+// Rows per chunk: chunks of about 256 KiB, at least two per CTA of `ctas` where shards are small
+// (so that every CTA's helpers push), at most kAgGemmMaxChunks per shard. `requested` > 0 overrides.
+int64_t ag_gemm_chunk_rows(const AgGemmRows& rows, int64_t row_bytes, int ctas, int64_t requested);
 
 // The tile rows in visiting order: slot by slot (this rank's shard, then peers' as they arrive),
 // ascending within a slot. Host reference; the kernel walks the same order in closed form.

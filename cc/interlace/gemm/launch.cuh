@@ -1,0 +1,53 @@
+// Host side of launching the engine, shared by the plain GEMM and the fused ops: the mainloop's
+// parameters (TMA descriptors) for a problem, and a cluster launch of a persistent kernel.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "cute/tensor.hpp"
+#include "interlace/base/cuda.h"
+#include "interlace/gemm/args.h"
+
+namespace interlace::gemm_engine {
+
+// a: [M, K] row-major with row stride p.lda; b: [K, N] as p.b_k_major and p.ldb say.
+template <class Config>
+typename Config::Mainloop::Params mainloop_params(const GemmProblem& p, const void* a, const void* b) {
+  using Mainloop = typename Config::Mainloop;
+  using Element = typename Config::Element;
+  typename Mainloop::StrideA stride_a{};
+  cute::get<0>(stride_a) = p.lda;
+  typename Mainloop::StrideB stride_b{};
+  if constexpr (Config::kBKMajor) {
+    cute::get<0>(stride_b) = p.ldb;  // (N, K): N steps by ldb, K contiguous
+  } else {
+    cute::get<1>(stride_b) = p.ldb;  // (N, K): N contiguous, K steps by ldb
+  }
+  typename Mainloop::Arguments args{static_cast<const Element*>(a), stride_a, static_cast<const Element*>(b),
+                                    stride_b};
+  const auto problem = cute::make_shape(static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), 1);
+  return Mainloop::to_underlying_arguments(problem, args, nullptr);
+}
+
+// Launches `ctas` CTAs (a multiple of Config::kClusterM) of the engine's kernel with all the shared
+// memory its stages take. Raises where the build has no kernel image for this GPU.
+template <class Config, class Params>
+void launch_kernel(void (*kernel)(Params), const Params& params, int ctas, cudaStream_t stream) {
+  const int smem = static_cast<int>(sizeof(typename Config::SharedStorage));
+  IL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  cudaLaunchConfig_t launch_config{};
+  launch_config.gridDim = dim3(ctas);
+  launch_config.blockDim = dim3(Config::kThreads);
+  launch_config.dynamicSmemBytes = smem;
+  launch_config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = Config::kClusterM;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  launch_config.attrs = &cluster;
+  launch_config.numAttrs = 1;
+  IL_CUDA_CHECK(cudaLaunchKernelEx(&launch_config, kernel, params));
+}
+
+}  // namespace interlace::gemm_engine

@@ -1,0 +1,152 @@
+// ag_gemm over NVLink: out = all_gather(a_shard) @ b in one launch of the GEMM engine.
+//
+// The engine (gemm/sm90_gemm_tma_warpspecialized.cuh) runs as for a plain GEMM on the gathered A,
+// a symmetric buffer at the same heap offset on every rank, with three hooks filled in:
+//   Phases::begin    the op handshake (device/op_sequence.cuh): peers run the same call, and their
+//                    previous op is done with the gathered buffer this rank is about to write;
+//   Phases::helpers  the producer warpgroup's three idle warps of every CTA push this rank's shard,
+//                    chunk by chunk, into every rank's gathered buffer (its own first, then rank + 1,
+//                    rank + 2, ...: the order in which they need it), and raise the chunk's flag
+//                    there once the chunk's stores are visible; then they wait for the chunks that
+//                    peers push to this CTA's share, so `gathered` is whole when the kernel ends;
+//   InputWait        before the producer loads a tile's A rows, it waits for the flags of the chunks
+//                    that hold them, then fence.proxy.async so that TMA (the async proxy) sees what
+//                    the peers' SM stores (the generic proxy) wrote.
+// The tile order (AgGemmOrder) starts with this rank's own shard and follows the order in which the
+// others arrive, so the tensor cores have work while the network is busy. The transfers take no SM
+// from the GEMM: they use warps that would otherwise idle.
+#pragma once
+
+#include <cstdint>
+
+#include "cutlass/arch/barrier.h"
+#include "interlace/device/op_sequence.cuh"
+#include "interlace/device/transport.cuh"
+#include "interlace/ops/ag_gemm/flags.h"
+#include "interlace/ops/ag_gemm/plan.h"
+
+namespace interlace {
+
+// What the hooks share: where the shards are and go, and how they are cut.
+struct AgGemmShared {
+  device::NvlinkTransport transport;
+  device::WaitContext wait;
+  uint64_t signature;       // the call's, for the op handshake
+  AgGemmRows rows;          // tile_m: the GEMM's tile rows (128)
+  const char* shard;        // this rank's rows, [rows of this rank, K]
+  uint64_t gathered;        // heap offset of the gathered A ([M, K]) on every rank
+  int64_t row_bytes;        // K * element size, a multiple of 16
+  int64_t chunk_rows;
+};
+
+namespace ag_gemm_detail {
+
+__device__ __forceinline__ AgGemmFlags& flags(const device::NvlinkTransport& t) {
+  return *op_flags<AgGemmFlags, OpId::kAgGemm>(t.my_pad());
+}
+
+// This call's op number: what the chunk flags of this call are raised to. Valid between op_begin
+// and op_end (the counter moves only when the last CTA of the op is done).
+__device__ __forceinline__ uint64_t op_number(const device::NvlinkTransport& t) {
+  return *reinterpret_cast<const volatile uint64_t*>(&t.my_pad()->ops.completed) + 1;
+}
+
+__device__ __forceinline__ int64_t chunks_of(const AgGemmShared& s, int q) {
+  return (s.rows.start[q + 1] - s.rows.start[q] + s.chunk_rows - 1) / s.chunk_rows;
+}
+
+// Copies bytes (a multiple of 16, both ends 16-byte aligned) with `threads` threads, four vectors in
+// flight per thread (what keeps NVLink stores streaming).
+__device__ __forceinline__ void copy_vectors(char* dst, const char* src, uint64_t bytes, int thread, int threads) {
+  constexpr int kUnroll = 4;
+  const uint4* s = reinterpret_cast<const uint4*>(src);
+  uint4* d = reinterpret_cast<uint4*>(dst);
+  const uint64_t n = bytes / 16;
+  const uint64_t step = static_cast<uint64_t>(threads) * kUnroll;
+  uint64_t i = thread;
+  for (; i + (kUnroll - 1) * threads < n; i += step) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = s[i + u * threads];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) d[i + u * threads] = v[u];
+  }
+  for (; i < n; i += threads) d[i] = s[i];
+}
+
+}  // namespace ag_gemm_detail
+
+struct AgGemmPhases {
+  using Params = AgGemmShared;
+
+  __device__ static bool begin(const Params& p) {
+    const device::OpStart start = device::op_begin(p.transport, p.wait, p.signature);
+    if (start == device::kSkip) device::op_end(p.transport);
+    return start == device::kRun;
+  }
+
+  __device__ static void helpers(const Params& p, int thread, int threads) {
+    using namespace ag_gemm_detail;
+    const device::NvlinkTransport& t = p.transport;
+    const uint64_t number = op_number(t);
+    const int me = t.local_rank;
+    const int64_t chunks = chunks_of(p, me);
+    const int64_t my_rows = p.rows.start[me + 1] - p.rows.start[me];
+    AgGemmFlags& f = flags(t);
+    for (int k = 0; k < t.local_size; ++k) {
+      const int q = (me + k) % t.local_size;
+      for (int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+        const int64_t first = c * p.chunk_rows;
+        const int64_t rows = min(p.chunk_rows, my_rows - first);
+        const uint64_t at = p.gathered + static_cast<uint64_t>((p.rows.start[me] + first) * p.row_bytes);
+        copy_vectors(t.heaps[q] + at, p.shard + first * p.row_bytes, static_cast<uint64_t>(rows * p.row_bytes), thread,
+                     threads);
+        cutlass::arch::NamedBarrier::sync(threads, 0);  // the chunk's stores are all issued
+        if (thread == 0) t.signal(q, &f.arrived[me][c], number);
+      }
+    }
+    // The peers' chunks of this CTA's share: once they are here, gathered is whole when the kernel
+    // ends, even where no tile needed them (N = 0).
+    int i = 0;
+    for (int q = 0; q < t.local_size; ++q) {
+      if (q == me) continue;
+      for (int64_t c = blockIdx.x; c < chunks_of(p, q); c += gridDim.x, ++i) {
+        if (i % threads == thread) t.wait(&f.arrived[q][c], number, p.wait, FlagId::kChunk, q);
+      }
+    }
+  }
+
+  __device__ static void end(const Params& p) { device::op_end(p.transport); }
+};
+
+// Before a tile's A rows are loaded: the flags of every chunk that holds them (lanes of the
+// producer warp share the waits). A failed wait (the group aborted, or the last-resort timeout) has
+// recorded why and returns: the producer then loads whatever is there, so the consumers never wait
+// forever, and the call raises afterwards.
+struct AgGemmInputWait {
+  using Params = AgGemmShared;
+
+  __device__ static void wait(const Params& p, int m_idx, int /*n_idx*/) {
+    using namespace ag_gemm_detail;
+    const device::NvlinkTransport& t = p.transport;
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    const int64_t lo = static_cast<int64_t>(m_idx) * p.rows.tile_m;
+    const int64_t hi = min(lo + p.rows.tile_m, p.rows.m());
+    if (lo >= hi) return;
+    const uint64_t number = op_number(t);
+    AgGemmFlags& f = flags(t);
+    int i = 0;
+    for (int q = p.rows.owner_of_row(lo); q <= p.rows.owner_of_row(hi - 1); ++q) {
+      const int64_t first = max(lo, p.rows.start[q]) - p.rows.start[q];
+      const int64_t last = min(hi, p.rows.start[q + 1]) - p.rows.start[q];  // exclusive
+      if (last <= first) continue;
+      for (int64_t c = first / p.chunk_rows; c <= (last - 1) / p.chunk_rows; ++c, ++i) {
+        if (i % 32 == lane) t.wait(&f.arrived[q][c], number, p.wait, FlagId::kChunk, q);
+      }
+    }
+    __syncwarp();
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+  }
+};
+
+}  // namespace interlace

@@ -1,0 +1,195 @@
+#include "interlace/ops/ag_gemm/launch.h"
+
+#include <algorithm>
+#include <numeric>
+#include <type_traits>
+
+#include "interlace/base/cuda.h"
+#include "interlace/gemm/args.h"
+#include "interlace/gemm/launch.cuh"
+#include "interlace/gemm/sm90_gemm_tma_warpspecialized.cuh"
+#include "interlace/gemm/tile_plan.h"
+#include "interlace/ops/ag_gemm/kernel.cuh"
+#include "interlace/ops/ag_gemm/plan.h"
+#include "interlace/runtime/op_call.h"
+
+namespace interlace {
+namespace {
+
+using detail::concat;
+
+// 2-CTA clusters (the pair shares B through TMA multicast) of cooperative 128 x kTileN tiles.
+constexpr int kClusterM = 2;
+
+struct Launch {
+  GemmProblem problem;  // of the gathered A [M, K] @ b
+  const void* gathered = nullptr;
+  const void* b = nullptr;
+  void* out = nullptr;
+  AgGemmShared shared;
+  AgGemmOrder::Params order;
+  int32_t num_tiles = 0;
+  int ctas = 0;
+};
+
+template <class Element, bool kBKMajor, int kTileN>
+void launch(const Launch& l, cudaStream_t stream) {
+  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, /*kPingpong=*/false>;
+  using Epilogue = gemm_engine::StoreTile<Element>;
+  using Params = gemm_engine::GemmParams<Config, AgGemmOrder, AgGemmInputWait, Epilogue, AgGemmPhases>;
+  Params params{};
+  params.mainloop = gemm_engine::mainloop_params<Config>(l.problem, l.gathered, l.b);
+  params.m = static_cast<int32_t>(l.problem.m);
+  params.n = static_cast<int32_t>(l.problem.n);
+  params.k = static_cast<int32_t>(l.problem.k);
+  params.order = l.order;
+  params.num_tiles = l.num_tiles;
+  params.input_wait = l.shared;
+  params.epilogue = {static_cast<Element*>(l.out), l.problem.ldc};
+  params.phases = l.shared;
+  gemm_engine::launch_kernel<Config>(
+      gemm_engine::sm90_gemm_kernel<Config, AgGemmOrder, AgGemmInputWait, Epilogue, AgGemmPhases>, params, l.ctas,
+      stream);
+}
+
+bool same_dtype(const TensorView& a, const TensorView& b) {
+  return a.dtype.code == b.dtype.code && a.dtype.bits == b.dtype.bits && a.dtype.lanes == b.dtype.lanes;
+}
+
+bool overlaps(const TensorView& a, const TensorView& b) {
+  const auto lo_a = reinterpret_cast<uintptr_t>(a.data), lo_b = reinterpret_cast<uintptr_t>(b.data);
+  return a.nbytes() > 0 && b.nbytes() > 0 && lo_a < lo_b + b.nbytes() && lo_b < lo_a + a.nbytes();
+}
+
+// Every rank's rows, from shard_rows or even shards of out's M; checked against this rank's shard.
+std::vector<int64_t> rows_per_rank(const std::vector<int64_t>& shard_rows, int64_t m, int64_t mine, int rank,
+                                   int world) {
+  if (shard_rows.empty()) {
+    IL_CHECK(m % world == 0, "ag_gemm: out has ", m, " rows, not a multiple of the ", world,
+             " ranks; pass shard_rows (every rank's rows) for uneven shards");
+    IL_CHECK(mine == m / world, "ag_gemm: a_shard has ", mine, " rows but out's ", m, " rows over ", world,
+             " ranks make ", m / world, " per rank; pass shard_rows for uneven shards");
+    return std::vector<int64_t>(world, m / world);
+  }
+  IL_CHECK(static_cast<int>(shard_rows.size()) == world, "ag_gemm: shard_rows has ", shard_rows.size(),
+           " entries for ", world, " ranks");
+  IL_CHECK(shard_rows[rank] == mine, "ag_gemm: shard_rows[", rank, "] is ", shard_rows[rank], " but a_shard has ",
+           mine, " rows");
+  IL_CHECK(std::accumulate(shard_rows.begin(), shard_rows.end(), int64_t{0}) == m, "ag_gemm: shard_rows sum to ",
+           std::accumulate(shard_rows.begin(), shard_rows.end(), int64_t{0}), " but out has ", m, " rows");
+  return shard_rows;
+}
+
+}  // namespace
+
+void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const TensorView& out,
+             const TensorView* gathered, const std::vector<int64_t>& shard_rows, cudaStream_t stream,
+             AgGemmTuning tuning) {
+  OpCall call(group, OpId::kAgGemm, stream);
+  const Topology& topo = group.topology();
+  SymmetricHeap& heap = group.heap();
+  Launch l;
+  int tile_n = 0;
+  bool copy_out = false;
+  const uint64_t signature = call.agree([&] {
+    IL_CHECK(topo.num_nodes == 1, "ag_gemm: the group spans ", topo.num_nodes,
+             " nodes; across nodes it needs the proxy transport, which is not built yet");
+    IL_CHECK(a_shard.shape.size() == 2, "ag_gemm: a_shard must be 2-D [rows, K], got ", a_shard.shape_string());
+    IL_CHECK(out.shape.size() == 2, "ag_gemm: out must be 2-D [M, N], got ", out.shape_string());
+    IL_CHECK(a_shard.contiguous(), "ag_gemm: a_shard must be contiguous (row-major)");
+    IL_CHECK(a_shard.device.device_type == kDLCUDA && a_shard.device.device_id == group.device(),
+             "ag_gemm: a_shard is on ", a_shard.device_string(), " but the group's GPU is cuda:", group.device());
+    IL_CHECK(a_shard.dtype.code == kDLBfloat || a_shard.dtype.code == kDLFloat,
+             "ag_gemm: a_shard must be bfloat16 or float16, got ", a_shard.dtype_name());
+    IL_CHECK(a_shard.itemsize() == 2, "ag_gemm: a_shard must be bfloat16 or float16, got ", a_shard.dtype_name());
+    const int64_t k = a_shard.shape[1];
+    const int64_t row_bytes = k * 2;
+    IL_CHECK(row_bytes % 16 == 0, "ag_gemm: a_shard's rows are ", row_bytes,
+             " bytes; they must be a multiple of 16 (K a multiple of 8)");
+    IL_CHECK(reinterpret_cast<uintptr_t>(a_shard.data) % 16 == 0 || a_shard.nbytes() == 0,
+             "ag_gemm: a_shard's data must be 16-byte aligned");
+    const std::vector<int64_t> rows =
+        rows_per_rank(shard_rows, out.shape[0], a_shard.shape[0], topo.rank, topo.world_size);
+    IL_CHECK(topo.world_size <= kAgGemmMaxRanks, "ag_gemm: at most ", kAgGemmMaxRanks, " ranks");
+    const int64_t m = out.shape[0];
+    if (gathered) {
+      IL_CHECK(gathered->shape.size() == 2 && gathered->shape[0] == m && gathered->shape[1] == k,
+               "ag_gemm: gathered must be [", m, ", ", k, "], got ", gathered->shape_string());
+      IL_CHECK(gathered->contiguous(), "ag_gemm: gathered must be contiguous (row-major)");
+      IL_CHECK(same_dtype(*gathered, a_shard), "ag_gemm: gathered has dtype ", gathered->dtype_name(),
+               " but a_shard has ", a_shard.dtype_name());
+      IL_CHECK(gathered->device.device_type == kDLCUDA && gathered->device.device_id == group.device(),
+               "ag_gemm: gathered is on ", gathered->device_string(), " but the group's GPU is cuda:", group.device());
+      IL_CHECK(!overlaps(*gathered, a_shard) && !overlaps(*gathered, out) && !overlaps(*gathered, b),
+               "ag_gemm: gathered overlaps a_shard, b or out; they must be separate memory");
+    }
+    IL_CHECK(!overlaps(out, a_shard), "ag_gemm: out and a_shard overlap; they must be separate memory");
+    // Where the shards land: gathered itself when it is symmetric, else heap scratch.
+    const long long gathered_offset = gathered ? heap.offset_of(gathered->data, gathered->nbytes()) : -1;
+    const uint64_t a_bytes = static_cast<uint64_t>(m) * row_bytes;
+    const size_t landing = gathered_offset >= 0 ? static_cast<size_t>(gathered_offset)
+                           : a_bytes == 0       ? 0
+                                                : group.scratch(a_bytes, "ag_gemm's gathered A (M x K; or pass a "
+                                                                "symmetric gathered= from group.empty)",
+                                                                call.capturing());
+    copy_out = gathered && gathered_offset < 0 && a_bytes > 0;
+    TensorView a_full;
+    a_full.data = heap.local_base() + landing;
+    a_full.device = a_shard.device;
+    a_full.dtype = a_shard.dtype;
+    a_full.shape = {m, k};
+    l.problem = check_gemm_args(a_full, b, out, group.device());
+    IL_CHECK(tuning.tile_n == 0 || tuning.tile_n == 128 || tuning.tile_n == 256,
+             "ag_gemm: tile_n must be 0 (automatic), 128 or 256, got ", tuning.tile_n);
+    IL_CHECK(tuning.band_m >= 0, "ag_gemm: band_m must be >= 0 (0: automatic)");
+    tile_n = tuning.tile_n ? tuning.tile_n : choose_tile_n(m, l.problem.n, group.num_sms(), kClusterM);
+    const int band_m = tuning.band_m ? tuning.band_m : tile_n == 256 ? 16 : 8;
+    const TileGrid grid = tile_grid(m, l.problem.n, 128 * kClusterM, tile_n);
+    // Every SM: CTAs without tiles still push their share of the shard.
+    l.ctas = group.num_sms() / kClusterM * kClusterM;
+    l.num_tiles = l.problem.k == 0 ? 0 : grid.num_tiles();
+    l.order = AgGemmOrder::make(make_ag_gemm_rows(rows, topo.local_rank, 128 * kClusterM), grid.tiles_n, band_m);
+    AgGemmShared& s = l.shared;
+    for (int q = 0; q < topo.local_size(); ++q) s.transport.heaps[q] = heap.base(q);
+    s.transport.local_rank = topo.local_rank;
+    s.transport.local_size = topo.local_size();
+    s.wait = device::WaitContext{topo.rank, OpId::kAgGemm, heap.pad(topo.local_rank), group.device_control(),
+                                 group.timeout_ns()};
+    s.rows = make_ag_gemm_rows(rows, topo.local_rank, 128);
+    s.shard = static_cast<const char*>(a_shard.data);
+    s.gathered = landing;
+    s.row_bytes = row_bytes;
+    s.chunk_rows = ag_gemm_chunk_rows(s.rows, row_bytes, l.ctas, tuning.chunk_rows);
+    l.gathered = a_full.data;
+    l.b = b.data;
+    l.out = out.data;
+    std::string shards;
+    for (int64_t r : rows) shards += concat(shards.empty() ? "" : ",", r);
+    return concat("ag_gemm(m=", m, ", k=", k, ", n=", l.problem.n, ", shards=[", shards, "], dtype=",
+                  a_shard.dtype_name(), ", b=", l.problem.b_k_major ? "k-major" : "n-major", ", landing=", landing,
+                  ", gathered=", gathered ? (copy_out ? "ordinary" : "symmetric") : "none", ", chunk_rows=",
+                  s.chunk_rows, ", tile_n=", tile_n, ", band_m=", band_m, ", ctas=", l.ctas, ")");
+  });
+  l.shared.signature = signature;
+  const bool bf16 = l.problem.dtype == GemmDtype::kBf16;
+  call.launch([&](cudaStream_t s) {
+    // K = 0: an empty sum; the kernel still runs, for its place in the op sequence (no tiles).
+    if (l.problem.k == 0 && l.problem.m > 0 && l.problem.n > 0) {
+      IL_CUDA_CHECK(cudaMemset2DAsync(l.out, l.problem.ldc * 2, 0, l.problem.n * 2, l.problem.m, s));
+    }
+    auto by_tile = [&](auto element, auto b_k_major) {
+      using E = decltype(element);
+      constexpr bool kK = decltype(b_k_major)::value;
+      tile_n == 256 ? launch<E, kK, 256>(l, s) : launch<E, kK, 128>(l, s);
+    };
+    auto by_layout = [&](auto element) {
+      l.problem.b_k_major ? by_tile(element, std::true_type{}) : by_tile(element, std::false_type{});
+    };
+    bf16 ? by_layout(cutlass::bfloat16_t{}) : by_layout(cutlass::half_t{});
+    if (copy_out) {
+      IL_CUDA_CHECK(cudaMemcpyAsync(gathered->data, l.gathered, gathered->nbytes(), cudaMemcpyDeviceToDevice, s));
+    }
+  });
+}
+
+}  // namespace interlace
