@@ -1,0 +1,319 @@
+"""ag_gemm (fused AllGather + GEMM) benchmark, one rank. Started by `python -m interlace.bench ag_gemm`.
+
+The tensor-parallel column linear: shapes are global (M, K, N); each rank holds M / W rows of A and
+its own b of [K, N / W] (a Linear weight [N / W, K] passed as weight.t()), and computes
+out = A_full @ b, [M, N / W]. At each shape, first the check: interlace.ag_gemm against NCCL's
+all-gather + torch.matmul (relative error < 1e-2, the gathered A bit for bit), then the timing, on the
+same GPUs in one run (CUDA events, medians, the slower rank's median; methods alternate in blocks so
+that all see the same clocks):
+  interlace    interlace.ag_gemm, writing the gathered A too (as both baselines do)
+  nccl_cublas  dist.all_gather_into_tensor, then torch.matmul (cuBLAS)
+  torch_fused  torch.ops.symm_mem.fused_all_gather_matmul (torch's micro-pipelined AG + matmul);
+               None, with the reason, where it does not run
+  gemm_alone   interlace.gemm on the already gathered A: the floor for a fused op
+Rows: three headline shapes, then M from 512 to 32768 at (K, N) = (4096, 14336) and (8192, 28672).
+--sizes=MxKxN,... (or plain M: both sweeps) replaces them."""
+import os
+import warnings
+
+from interlace.bench import launch
+
+# NVLink multicast can take shared GPUs down: torch's symmetric memory must not use it, even when this
+# worker is started by something other than the launcher (which sets the same variables).
+os.environ.update(launch.SAFE_ENV)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+import interlace  # noqa: E402
+from interlace.bench import common  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("out_dir", "bench/results", "")
+flags.DEFINE_list("sizes", [], "global shapes MxKxN, or M (both sweeps' K and N); default: headline + sweeps")
+flags.DEFINE_integer("warmup", 10, "")
+flags.DEFINE_integer("iters", 50, "at most; big shapes get fewer (about 0.3 s of timed launches per method)")
+flags.DEFINE_list("tunings", ["0:0"], "interlace settings to time, copy_blocks:chunk_rows[:path] (0:0 = automatic)")
+flags.DEFINE_string("command", "", "")
+
+HEADLINE = [(8192, 8192, 14336), (4096, 8192, 8192), (16384, 8192, 8192)]
+SWEEP_KN = [(4096, 14336), (8192, 28672)]
+SWEEP_M = [512 << i for i in range(7)]  # 512 ... 32768
+DTYPE = torch.bfloat16
+METHODS = ("interlace", "nccl_cublas", "torch_fused", "gemm_alone")
+
+
+def shapes_from_flags():
+    """[(m, k, n, series)]; series names the sweep a row belongs to (the plot draws one line each)."""
+    if not FLAGS.sizes:
+        return ([(m, k, n, "headline") for m, k, n in HEADLINE] +
+                [(m, k, n, f"K={k}, N={n}") for k, n in SWEEP_KN for m in SWEEP_M])
+    shapes = []
+    for text in FLAGS.sizes:
+        parts = [int(x) for x in text.lower().split("x")]
+        if len(parts) == 1:
+            shapes += [(parts[0], k, n, f"K={k}, N={n}") for k, n in SWEEP_KN]
+        elif len(parts) == 3:
+            shapes.append((*parts, f"K={parts[1]}, N={parts[2]}"))
+        else:
+            raise SystemExit(f"--sizes: {text!r} is neither M nor MxKxN")
+    return shapes
+
+
+def iters_for(m, k, n_local):
+    """Fewer timed launches for the big shapes: about 0.3 s per method at ~700 TFLOP/s."""
+    est_ms = 2.0 * m * k * n_local / 7e11
+    return max(10, min(FLAGS.iters, int(300 / max(est_ms, 1e-3))))
+
+
+def warm_up_gpu(seconds=2.0):
+    """An idle H200 sits at a low clock and takes a while to boost: keep it busy for a moment first."""
+    x = torch.randn(8192, 8192, device="cuda", dtype=DTYPE)
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    while True:
+        for _ in range(20):
+            torch.matmul(x, x)
+        stop.record()
+        stop.synchronize()
+        if start.elapsed_time(stop) > seconds * 1e3:
+            return
+
+
+def relative_error(out, ref):
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def all_ranks(ok: bool) -> bool:
+    """Whether ok holds on every rank. Ranks must take the same branch after a check: one rank left
+    alone in a collective (a method timed on one rank only, or one that goes on after another quit)
+    would wait forever."""
+    t = torch.tensor([1 if ok else 0], device="cuda", dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
+
+
+def check_or_exit(problem, rank):
+    """Every rank exits if any rank found a problem (its own reason printed where it was found)."""
+    if not all_ranks(problem is None):
+        raise SystemExit(f"rank {rank}: {problem or 'another rank found a wrong result'}")
+
+
+class TorchFused:
+    """torch.ops.symm_mem.fused_all_gather_matmul, or why it cannot run here. Every failure is
+    recorded, never raised: a baseline that does not run must not stop the benchmark."""
+
+    def __init__(self):
+        self.reason = None
+        try:
+            import torch.distributed._symmetric_memory as symm_mem  # registers torch.ops.symm_mem
+            self.symm_mem = symm_mem
+            self.group_name = dist.group.WORLD.group_name
+            with warnings.catch_warnings():  # deprecated (and unneeded) in newer torch, required in older
+                warnings.simplefilter("ignore")
+                symm_mem.enable_symm_mem_for_group(self.group_name)
+        except Exception as e:  # noqa: BLE001 (any failure of a baseline is recorded)
+            self.reason = f"setup: {type(e).__name__}: {e}"
+
+    def prepare(self, a_shard, b):
+        """A zero-argument function timing one call, and the out it returns on a first call (or None
+        and the reason). Collective: every rank must call it, and rank failures are agreed on."""
+        out, reason, a_symm = None, self.reason, None
+
+        def call():
+            # return_A=True: the gathered A is an output here as in the other methods, and torch then
+            # never takes its multicast (NVLS) path.
+            return torch.ops.symm_mem.fused_all_gather_matmul(a_symm, [b], 0, self.group_name, return_A=True)
+
+        if reason is None:
+            try:
+                a_symm = self.symm_mem.empty(tuple(a_shard.shape), dtype=a_shard.dtype, device=a_shard.device)
+                self.symm_mem.rendezvous(a_symm, self.group_name)
+                a_symm.copy_(a_shard)
+                out = call()[1][0]
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001
+                reason = f"{type(e).__name__}: {e}".strip()[:500]
+        # A baseline that fails on one rank is dropped on all, so that no rank waits in it alone.
+        if not all_ranks(reason is None):
+            return None, None, reason or "failed on another rank"
+        return call, out, None
+
+
+def main(_):
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
+    shapes = shapes_from_flags()
+    for m, k, n, _ in shapes:
+        if m % world or n % world or m <= 0 or k <= 0 or n <= 0:
+            raise SystemExit(f"shape M={m} K={k} N={n}: M and N must be positive multiples of the {world} ranks")
+    tunings = [(0, 0, "auto")]  # the automatic settings are always timed, as "interlace"
+    for t in FLAGS.tunings:
+        fields = t.split(":")
+        tuning = (int(fields[0] or 0), int(fields[1]) if len(fields) > 1 else 0,
+                  fields[2] if len(fields) > 2 else "auto")
+        if tuning not in tunings:
+            tunings.append(tuning)
+    # Room for the largest gathered A twice (op scratch: receive buffer and more) and flags.
+    heap = 2 * max(m * k for m, k, _, _ in shapes) * DTYPE.itemsize + (256 << 20)
+    group = interlace.init(heap_bytes=heap, timeout_s=60.0)
+    torch_fused = TorchFused()
+    warm_up_gpu()
+    rows = []
+    for m, k, n, series in shapes:
+        rows.append(measure(group, torch_fused, m, k, n, series, rank, world, tunings))
+        if rank == 0:
+            r = rows[-1]
+            print(f"M={m} K={k} N={n}: " + "  ".join(f"{label} {ms:.3f}" if ms is not None else f"{label} -"
+                                                     for label, ms in r["ms"].items()) + " ms", flush=True)
+    group.check()
+    if rank == 0:
+        report(rows, world)
+    dist.destroy_process_group()
+
+
+def measure(group, torch_fused, m, k, n, series, rank, world, tunings):
+    """Checks and times every method at one global shape; all tensors are freed on return."""
+    m_local, n_local = m // world, n // world
+    g = torch.Generator(device="cuda").manual_seed(m * 31 + k * 7 + n + rank)
+    a_shard = torch.randn(m_local, k, device="cuda", dtype=DTYPE, generator=g)
+    b = torch.randn(n_local, k, device="cuda", dtype=DTYPE, generator=g).t()  # a Linear weight, as weight.t()
+    a_full = torch.empty(m, k, device="cuda", dtype=DTYPE)
+    out_ref = torch.empty(m, n_local, device="cuda", dtype=DTYPE)
+
+    def nccl_cublas():
+        dist.all_gather_into_tensor(a_full, a_shard)
+        torch.matmul(a_full, b, out=out_ref)
+
+    nccl_cublas()
+    torch.cuda.synchronize()
+    row = {"m": m, "k": k, "n": n, "series": series, "n_local": n_local, "b": "weight.t()", "dtype": "bfloat16",
+           "check": {}}
+    methods = {}
+
+    # interlace: the result against NCCL + cuBLAS, the gathered A bit for bit; outputs poisoned first.
+    out = torch.empty(m, n_local, device="cuda", dtype=DTYPE)
+    gathered = torch.empty(m, k, device="cuda", dtype=DTYPE)
+    for blocks, chunk, path in tunings:
+        label = "interlace" if (blocks, chunk, path) == (0, 0, "auto") else f"interlace[{blocks}:{chunk}:{path}]"
+        # Only the settings that differ from the defaults: "interlace" is the call as users make it.
+        kwargs = {key: value for key, value, default in (("copy_blocks", blocks, 0), ("chunk_rows", chunk, 0),
+                                                         ("path", path, "auto")) if value != default}
+        out.fill_(float("nan"))
+        gathered.fill_(float("nan"))
+        interlace.ag_gemm(a_shard, b, out, group, gathered=gathered, **kwargs)
+        torch.cuda.synchronize()
+        group.check()
+        err = relative_error(out, out_ref)
+        problem = None
+        if not err < 1e-2:  # also NaN: rows never written
+            problem = (f"{label} wrong at M={m} K={k} N={n}: relative error {err:.2e} against NCCL + cuBLAS, "
+                       f"{int(out.isnan().sum())} elements unwritten")
+        elif not torch.equal(gathered.view(torch.int16), a_full.view(torch.int16)):
+            problem = (f"{label} at M={m} K={k} N={n}: the gathered A differs from NCCL's in "
+                       f"{int((gathered.view(torch.int16) != a_full.view(torch.int16)).sum())} elements")
+        check_or_exit(problem, rank)
+        row["check"][label] = err
+        methods[label] = lambda kw=kwargs: interlace.ag_gemm(a_shard, b, out, group, gathered=gathered, **kw)
+    methods["nccl_cublas"] = nccl_cublas
+
+    fused_fn, fused_out, row["torch_fused_error"] = torch_fused.prepare(a_shard, b)
+    if fused_fn is not None:
+        err = relative_error(fused_out, out_ref)
+        row["check"]["torch_fused"] = err
+        if all_ranks(err < 1e-2):
+            methods["torch_fused"] = fused_fn
+        else:
+            row["torch_fused_error"] = f"wrong result: relative error {err:.2e} against NCCL + cuBLAS (on some rank)"
+    del fused_out
+
+    out_alone = torch.empty(m, n_local, device="cuda", dtype=DTYPE)
+    interlace.gemm(a_full, b, out_alone)
+    torch.cuda.synchronize()
+    row["check"]["gemm_alone"] = err = relative_error(out_alone, out_ref)
+    check_or_exit(None if err < 1e-2 else f"interlace.gemm wrong at M={m} K={k} N={n_local}: relative error {err:.2e}",
+                  rank)
+    methods["gemm_alone"] = lambda: interlace.gemm(a_full, b, out_alone)
+
+    iters = iters_for(m, k, n_local)
+    medians = time_collective(methods, FLAGS.warmup, iters)
+    group.check()
+    row["iters"] = iters
+    row["ms"] = {label: medians.get(label) for label in METHODS}
+    row["ms"].update({label: ms for label, ms in medians.items() if label not in METHODS})
+    row["tflops"] = {label: 2.0 * m * k * n_local / ms / 1e9 for label, ms in row["ms"].items() if ms}
+    ms = row["ms"]
+    row["speedup_vs_nccl_cublas"] = ms["nccl_cublas"] / ms["interlace"]
+    row["speedup_vs_torch_fused"] = ms["torch_fused"] / ms["interlace"] if ms["torch_fused"] else None
+    row["ratio_to_gemm_alone"] = ms["interlace"] / ms["gemm_alone"]
+    return row
+
+
+def time_collective(methods, warmup, iters):
+    """Median ms per launch of each method, the methods alternating in blocks (common.time_interleaved:
+    the same clocks for all), every rank in step; for each method the slower rank's median."""
+    torch.cuda.synchronize()
+    dist.barrier()
+    medians = common.time_interleaved(methods, warmup, iters)
+    t = torch.tensor(list(medians.values()), device="cuda", dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return dict(zip(medians, t.tolist()))
+
+
+def report(rows, world):
+    env = common.environment(FLAGS.command)
+    name = f"ag_gemm_{world}x{env['gpu'].replace(' ', '_')}"
+    sweeps = {}
+    for r in rows:
+        sweeps.setdefault(r["series"], []).append(r)
+    sweeps = {s: rs for s, rs in sweeps.items() if s != "headline" and len(rs) > 1}
+
+    def plot(path):
+        if not sweeps:
+            return
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, axes = plt.subplots(1, len(sweeps), figsize=(6.5 * len(sweeps), 4.5), squeeze=False)
+        for ax, (series, rs) in zip(axes[0], sweeps.items()):
+            ms = [r["m"] for r in rs]
+            ax.plot(ms, [r["speedup_vs_nccl_cublas"] for r in rs], marker="o", label="vs NCCL + cuBLAS")
+            fused = [(r["m"], r["speedup_vs_torch_fused"]) for r in rs if r["speedup_vs_torch_fused"]]
+            if fused:
+                ax.plot(*zip(*fused), marker="s", label="vs torch fused_all_gather_matmul")
+            ax.plot(ms, [1 / r["ratio_to_gemm_alone"] for r in rs], marker="^", linestyle="--",
+                    label="vs interlace.gemm alone (the floor)")
+            ax.axhline(1.0, color="gray", linewidth=0.8)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("M (global rows)")
+            ax.set_ylabel("speedup of interlace.ag_gemm")
+            ax.set_title(f"{series} (per rank N/{world})")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.suptitle(f"ag_gemm, {world} x {env['gpu']}, bf16, {env['date'][:10]}")
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+
+    payload = {"op": "ag_gemm", "gpu": env["gpu"], "date": env["date"], "command": env["command"], "env": env,
+               "dtype": "bfloat16", "layout": "A shard [M/W, K] per rank; b [K, N/W] per rank as weight.t()",
+               "rows": rows}
+    path = common.write_results(FLAGS.out_dir, name, payload, plot)
+    print(f"wrote {path}")
+    print("median ms; speedup = baseline / interlace; floor = interlace / gemm_alone")
+    print(f"{'M':>6} {'K':>6} {'N':>6} {'interlace':>10} {'nccl_cublas':>11} {'torch_fused':>11} {'gemm_alone':>10} "
+          f"{'vs nccl':>8} {'vs torch':>8} {'floor':>6}")
+    for r in rows:
+        ms = r["ms"]
+        fused = f"{ms['torch_fused']:11.3f}" if ms["torch_fused"] else f"{'-':>11}"
+        vs_torch = f"{r['speedup_vs_torch_fused']:8.2f}" if r["speedup_vs_torch_fused"] else f"{'-':>8}"
+        print(f"{r['m']:6} {r['k']:6} {r['n']:6} {ms['interlace']:10.3f} {ms['nccl_cublas']:11.3f} {fused} "
+              f"{ms['gemm_alone']:10.3f} {r['speedup_vs_nccl_cublas']:8.2f} {vs_torch} {r['ratio_to_gemm_alone']:6.2f}")
+    failed = {r["torch_fused_error"] for r in rows if r["torch_fused_error"]}
+    for reason in sorted(failed):
+        print(f"torch_fused did not run: {reason}")
+
+
+if __name__ == "__main__":
+    app.run(main)

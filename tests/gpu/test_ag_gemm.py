@@ -1,0 +1,44 @@
+"""ag_gemm (fused AllGather + GEMM) on real GPUs: each test starts two processes (one per GPU) running
+a scenario of ag_gemm_worker.py, and fails with every rank's output if any rank fails.
+
+  shapes      37 cases x 3 paths (auto, fused, sequential): uneven shards (one much smaller, not a
+              multiple of 128 rows, 1 row, a rank with none), K from 8 to 8192, N from 8 to 14336,
+              bf16 and fp16, b as [K, N] and as weight.t(), gathered A none / ordinary / symmetric,
+              tuning overrides; outputs poisoned with NaN; out against an fp32 reference (relative
+              error < 1e-2 and a per-element bound), the gathered A bit for bit
+  streams     21 calls back to back on two streams, with all_gathers among them
+  graph       a CUDA graph of three calls replayed 20 times with fresh inputs, eager calls around it
+  validation  bad arguments raise interlace.Error on every rank before any GPU work"""
+import os
+
+import pytest
+
+from interlace.bench.launch import run_ranks
+
+WORKER = os.path.join(os.path.dirname(__file__), "ag_gemm_worker.py")
+WORLD = 2
+pytestmark = pytest.mark.gpus(WORLD)
+
+
+def run(scenario, timeout_s=300):
+    results = run_ranks([WORKER, scenario], WORLD, timeout_s)
+    report = "\n".join(f"----- rank {r} exit {rc}\n{out}" for r, (rc, out) in enumerate(results))
+    assert all(rc == 0 for rc, _ in results), report
+    print(report)
+    return results
+
+
+def test_uneven_shards_shapes_dtypes_layouts_and_paths():
+    run("shapes")
+
+
+def test_back_to_back_calls_on_two_streams():
+    run("streams")
+
+
+def test_cuda_graph_replays_with_changing_inputs():
+    run("graph")
+
+
+def test_bad_arguments_raise_before_gpu_work():
+    run("validation")
