@@ -29,10 +29,10 @@ typename Config::Mainloop::Params mainloop_params(const GemmProblem& p, const vo
   return Mainloop::to_underlying_arguments(problem, args, nullptr);
 }
 
-// Launches `ctas` CTAs (a multiple of Config::kClusterM) of the engine's kernel with all the shared
-// memory its stages take. Raises where the build has no kernel image for this GPU.
+// The launch of `ctas` CTAs (a multiple of Config::kClusterM) of the engine's kernel with all the
+// shared memory its stages take. Raises where the build has no kernel image for this GPU.
 template <class Config, class Params>
-void launch_kernel(void (*kernel)(Params), const Params& params, int ctas, cudaStream_t stream) {
+cudaLaunchConfig_t launch_config(void (*kernel)(Params), int ctas, cudaStream_t stream, cudaLaunchAttribute* cluster) {
   const int smem = static_cast<int>(sizeof(typename Config::SharedStorage));
   IL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaLaunchConfig_t launch_config{};
@@ -40,14 +40,33 @@ void launch_kernel(void (*kernel)(Params), const Params& params, int ctas, cudaS
   launch_config.blockDim = dim3(Config::kThreads);
   launch_config.dynamicSmemBytes = smem;
   launch_config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = Config::kClusterM;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  launch_config.attrs = &cluster;
+  cluster->id = cudaLaunchAttributeClusterDimension;
+  cluster->val.clusterDim.x = Config::kClusterM;
+  cluster->val.clusterDim.y = 1;
+  cluster->val.clusterDim.z = 1;
+  launch_config.attrs = cluster;
   launch_config.numAttrs = 1;
-  IL_CUDA_CHECK(cudaLaunchKernelEx(&launch_config, kernel, params));
+  return launch_config;
+}
+
+template <class Config, class Params>
+void launch_kernel(void (*kernel)(Params), const Params& params, int ctas, cudaStream_t stream) {
+  cudaLaunchAttribute cluster{};
+  const cudaLaunchConfig_t config = launch_config<Config>(kernel, ctas, stream, &cluster);
+  IL_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+}
+
+// CTAs of the kernel that the GPU runs at once, in whole clusters (with 2-CTA clusters, GPCs with an
+// odd number of free SMs leave one idle). A kernel whose CTAs wait on each other, across GPUs too,
+// must not launch more.
+template <class Config, class Params>
+int resident_ctas(void (*kernel)(Params), int num_sms) {
+  cudaLaunchAttribute cluster{};
+  const cudaLaunchConfig_t config = launch_config<Config>(kernel, num_sms / Config::kClusterM * Config::kClusterM,
+                                                          nullptr, &cluster);
+  int clusters = 0;
+  IL_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+  return clusters * Config::kClusterM;
 }
 
 }  // namespace interlace::gemm_engine

@@ -1,6 +1,7 @@
 #include "interlace/ops/ag_gemm/launch.h"
 
 #include <algorithm>
+#include <atomic>
 #include <numeric>
 #include <type_traits>
 
@@ -29,7 +30,9 @@ struct Launch {
   AgGemmShared shared;
   AgGemmOrder::Params order;
   int32_t num_tiles = 0;
-  int ctas = 0;
+  int num_sms = 0;
+  int device = 0;
+  const void* dummy = nullptr;  // 16-byte aligned device memory of at least 128 bytes
 };
 
 template <class Element, bool kBKMajor, int kTileN>
@@ -37,8 +40,17 @@ void launch(const Launch& l, cudaStream_t stream) {
   using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, /*kPingpong=*/false>;
   using Epilogue = gemm_engine::StoreTile<Element>;
   using Params = gemm_engine::GemmParams<Config, AgGemmOrder, AgGemmInputWait, Epilogue, AgGemmPhases>;
+  auto kernel = gemm_engine::sm90_gemm_kernel<Config, AgGemmOrder, AgGemmInputWait, Epilogue, AgGemmPhases>;
   Params params{};
-  params.mainloop = gemm_engine::mainloop_params<Config>(l.problem, l.gathered, l.b);
+  if (l.num_tiles > 0) {
+    params.mainloop = gemm_engine::mainloop_params<Config>(l.problem, l.gathered, l.b);
+  } else {
+    // Nothing to load (M, N or K is 0), but the kernel still runs for the handshake and the
+    // transfers: TMA descriptors of a tiny problem on memory that exists (never read).
+    GemmProblem tiny = l.problem;
+    tiny.m = tiny.n = tiny.k = tiny.lda = tiny.ldb = tiny.ldc = 8;
+    params.mainloop = gemm_engine::mainloop_params<Config>(tiny, l.dummy, l.dummy);
+  }
   params.m = static_cast<int32_t>(l.problem.m);
   params.n = static_cast<int32_t>(l.problem.n);
   params.k = static_cast<int32_t>(l.problem.k);
@@ -47,9 +59,16 @@ void launch(const Launch& l, cudaStream_t stream) {
   params.input_wait = l.shared;
   params.epilogue = {static_cast<Element*>(l.out), l.problem.ldc};
   params.phases = l.shared;
-  gemm_engine::launch_kernel<Config>(
-      gemm_engine::sm90_gemm_kernel<Config, AgGemmOrder, AgGemmInputWait, Epilogue, AgGemmPhases>, params, l.ctas,
-      stream);
+  // Each CTA's helpers push chunks that other CTAs, here and on peers, wait for: all must be resident.
+  static std::atomic<int> resident[64] = {};
+  const int device = l.device;
+  int ctas = device < 64 ? resident[device].load() : 0;
+  if (ctas == 0) {
+    ctas = gemm_engine::resident_ctas<Config>(kernel, l.num_sms);
+    IL_CHECK(ctas >= Config::kClusterM, "ag_gemm: no cluster of the kernel fits on the GPU");
+    if (device < 64) resident[device].store(ctas);
+  }
+  gemm_engine::launch_kernel<Config>(kernel, params, ctas, stream);
 }
 
 bool same_dtype(const TensorView& a, const TensorView& b) {
@@ -145,8 +164,11 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
     tile_n = tuning.tile_n ? tuning.tile_n : choose_tile_n(m, l.problem.n, group.num_sms(), kClusterM);
     const int band_m = tuning.band_m ? tuning.band_m : tile_n == 256 ? 16 : 8;
     const TileGrid grid = tile_grid(m, l.problem.n, 128 * kClusterM, tile_n);
-    // Every SM: CTAs without tiles still push their share of the shard.
-    l.ctas = group.num_sms() / kClusterM * kClusterM;
+    // All resident CTAs run (launch() counts them), even those without tiles: they push their share
+    // of the shard. The chunk plan assumes one per SM.
+    l.num_sms = group.num_sms();
+    l.device = group.device();
+    l.dummy = heap.local_base();  // the signal pad
     l.num_tiles = l.problem.k == 0 ? 0 : grid.num_tiles();
     l.order = AgGemmOrder::make(make_ag_gemm_rows(rows, topo.local_rank, 128 * kClusterM), grid.tiles_n, band_m);
     AgGemmShared& s = l.shared;
@@ -159,7 +181,7 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
     s.shard = static_cast<const char*>(a_shard.data);
     s.gathered = landing;
     s.row_bytes = row_bytes;
-    s.chunk_rows = ag_gemm_chunk_rows(s.rows, row_bytes, l.ctas, tuning.chunk_rows);
+    s.chunk_rows = ag_gemm_chunk_rows(s.rows, row_bytes, l.num_sms, tuning.chunk_rows);
     l.gathered = a_full.data;
     l.b = b.data;
     l.out = out.data;
@@ -168,7 +190,7 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
     return concat("ag_gemm(m=", m, ", k=", k, ", n=", l.problem.n, ", shards=[", shards, "], dtype=",
                   a_shard.dtype_name(), ", b=", l.problem.b_k_major ? "k-major" : "n-major", ", landing=", landing,
                   ", gathered=", gathered ? (copy_out ? "ordinary" : "symmetric") : "none", ", chunk_rows=",
-                  s.chunk_rows, ", tile_n=", tile_n, ", band_m=", band_m, ", ctas=", l.ctas, ")");
+                  s.chunk_rows, ", tile_n=", tile_n, ", band_m=", band_m, ")");
   });
   l.shared.signature = signature;
   const bool bf16 = l.problem.dtype == GemmDtype::kBf16;
