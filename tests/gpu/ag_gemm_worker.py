@@ -4,6 +4,7 @@ interlace.ag_gemm(a_shard, b, out, group, gathered=...) computes out = A_full @ 
 every rank's a_shard stacked in rank order (shards may be uneven, or empty) and b is this rank's own.
 Every rank recomputes every shard from (case seed, rank), so the references need no communication:
 out against torch's fp32 matmul of the stacked shards, the gathered A bit for bit."""
+import functools
 import math
 import os
 import sys
@@ -16,7 +17,10 @@ import interlace.torch as itorch
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 torch.backends.cuda.matmul.allow_tf32 = False  # the reference is true fp32
-PATHS = ("auto", "fused", "sequential")
+# A stuck wait becomes an error naming the flag after this long, rather than a hang.
+TIMEOUT_S = 20.0
+# Tile configurations each case runs with: automatic, and each tile width.
+PATHS = ({}, {"tile_n": 128}, {"tile_n": 256, "band_m": 1})
 
 # (rows, K, N[, tuning]). Rank q holds rows[q % len(rows)] rows, so every rank knows every shard's size
 # at any world size. Together: whole 128-row tiles and tails; a shard much smaller than the other;
@@ -55,12 +59,12 @@ CASES = [
     ((0, 4096), 4096, 1024),
     ((6000, 2000), 1024, 4096),
     ((64, 64), 8192, 8),
-    # Tuning overrides: few copy blocks for many chunks; chunks of 3 rows, of one and two tile rows.
-    ((1000, 24), 72, 264, {"copy_blocks": 1, "chunk_rows": 128}),
+    # Tuning overrides: chunks of 1 and 3 rows, of one and two tile rows.
+    ((1000, 24), 72, 264, {"chunk_rows": 128}),
     ((700, 5), 72, 264, {"chunk_rows": 3}),
-    ((3001, 2999), 1032, 2056, {"copy_blocks": 2, "chunk_rows": 256}),
+    ((3001, 2999), 1032, 2056, {"chunk_rows": 256}),
     ((129, 8192), 2048, 384, {"chunk_rows": 128}),
-    ((513, 1), 136, 1000, {"copy_blocks": 3}),
+    ((513, 1), 136, 1000, {"chunk_rows": 1}),
 ]
 
 
@@ -153,11 +157,12 @@ class Case:
         if self.gathered is not None:
             poison(self.gathered)
 
-    def call(self, group, path="auto", **kwargs):
-        """path "auto" is the default: that call leaves it out, as most callers will."""
-        if path != "auto":
-            kwargs["path"] = path
-        interlace.ag_gemm(self.a, self.b, self.out, group, gathered=self.gathered, **kwargs)
+    def call(self, group, path=None, **kwargs):
+        """path: a tile configuration (PATHS); the first, automatic, passes nothing, as most callers will."""
+        kwargs.update(path or {})
+        even = len(set(self.counts)) == 1
+        interlace.ag_gemm(self.a, self.b, self.out, group, gathered=self.gathered,
+                          shard_rows=None if even else self.counts, **kwargs)
 
     def describe(self):
         return (f"rows {self.counts} K {self.k} N {self.n} {str(self.dtype)[6:]} b {self.layout} "
@@ -172,7 +177,7 @@ class Case:
 
 def scenario_shapes():
     """Every case, every path, fresh random data, poisoned outputs."""
-    group = interlace.init(heap_bytes=heap_bytes(CASES))
+    group = interlace.init(heap_bytes=heap_bytes(CASES), timeout_s=TIMEOUT_S)
     worst, calls = 0.0, 0
     for i, (rows, k, n, *tuning) in enumerate(CASES):
         tuning = tuning[0] if tuning else {}
@@ -198,7 +203,7 @@ def scenario_streams():
     among them: ops of a group run one after another whichever stream issues them. The last call
     writes the outputs of the call just before it, from the other stream: they must hold its product."""
     shapes = [((1000, 24), 72, 264), ((0, 300), 64, 776), ((513, 1), 1032, 136), ((256, 256), 512, 1024)]
-    group = interlace.init(heap_bytes=heap_bytes([(s[0], s[1]) for s in shapes]))
+    group = interlace.init(heap_bytes=heap_bytes([(s[0], s[1]) for s in shapes]), timeout_s=TIMEOUT_S)
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
     cases = [Case(group, seed=100 + j, rows=shapes[j % 4][0], k=shapes[j % 4][1], n=shapes[j % 4][2],
                   dtype=(torch.bfloat16, torch.float16)[(j // 4) % 2], layout=("kn", "nk")[j % 2],
@@ -242,11 +247,11 @@ def scenario_graph():
     replayed with fresh inputs each time; the first of them also ran before the capture, the others are
     first seen in it. Then an eager call right after a replay, unsynchronized."""
     specs = [  # rows, K, N, dtype, layout, gathered, path
-        ((1000, 24), 1032, 776, torch.bfloat16, "nk", "ordinary", "fused"),
-        ((0, 513), 72, 264, torch.float16, "kn", "none", "auto"),
-        ((256, 256), 512, 1024, torch.bfloat16, "kn", "symmetric", "sequential"),
+        ((1000, 24), 1032, 776, torch.bfloat16, "nk", "ordinary", PATHS[1]),
+        ((0, 513), 72, 264, torch.float16, "kn", "none", PATHS[0]),
+        ((256, 256), 512, 1024, torch.bfloat16, "kn", "symmetric", PATHS[2]),
     ]
-    group = interlace.init(heap_bytes=heap_bytes([(s[0], s[1]) for s in specs]))
+    group = interlace.init(heap_bytes=heap_bytes([(s[0], s[1]) for s in specs]), timeout_s=TIMEOUT_S)
     cases = [Case(group, seed=400 + i, rows=r, k=k, n=n, dtype=dt, layout=lay, gathered=gk)
              for i, (r, k, n, dt, lay, gk, _) in enumerate(specs)]
     stream = torch.cuda.Stream()
@@ -301,10 +306,11 @@ def expect_error(fn, *needles, errors=(interlace.Error,)):
 def scenario_validation():
     """Bad arguments raise interlace.Error on every rank before any GPU work: outputs and inputs keep
     their bytes, and the group stays usable."""
-    group = interlace.init(heap_bytes=64 << 20)
+    group = interlace.init(heap_bytes=64 << 20, timeout_s=TIMEOUT_S)
     bf16, fp16 = torch.bfloat16, torch.float16
     counts = rows_of((200, 56))
     m, m_r, k, n = sum(counts), counts[RANK], 64, 136
+    ag_gemm = functools.partial(interlace.ag_gemm, shard_rows=counts)
     start = sum(counts[:RANK])  # this rank's first row in the gathered A
 
     def t(*shape, dtype=bf16):
@@ -326,43 +332,44 @@ def scenario_validation():
     aligned = ("16-byte", "16 bytes", "align", "multiple of 16", "multiple of 8")
     cases = [
         # dtypes
-        (lambda: interlace.ag_gemm(a, b.half(), out, group), ["dtype"]),
-        (lambda: interlace.ag_gemm(a, b, out.half(), group), ["dtype"]),
-        (lambda: interlace.ag_gemm(a.float(), b.float(), out.float(), group), ["float32"]),
-        (lambda: interlace.ag_gemm(a, b, out, group, gathered=gathered.half()), [("dtype", "gathered")]),
+        (lambda: ag_gemm(a, b.half(), out, group), ["dtype"]),
+        (lambda: ag_gemm(a, b, out.half(), group), ["dtype"]),
+        (lambda: ag_gemm(a.float(), b.float(), out.float(), group), ["float32"]),
+        (lambda: ag_gemm(a, b, out, group, gathered=gathered.half()), [("dtype", "gathered")]),
         # shapes: K, out's rows (too few, too many) and columns, gathered's shape, dimensions
-        (lambda: interlace.ag_gemm(t(m_r, k + 8), b, out, group), [shape]),
-        (lambda: interlace.ag_gemm(a, b, out[:-1], group), ["out", shape]),
-        (lambda: interlace.ag_gemm(a, b, t(m + 8, n), group), ["out", shape]),
-        (lambda: interlace.ag_gemm(a, b, out[:, :-8], group), ["out"]),
-        (lambda: interlace.ag_gemm(a, b, out, group, gathered=gathered[:-1]), ["gathered"]),
-        (lambda: interlace.ag_gemm(a, b, out, group, gathered=t(m, k + 8)), ["gathered"]),
-        (lambda: interlace.ag_gemm(a.view(-1), b, out, group), [("2-D", "dim")]),
+        (lambda: ag_gemm(t(m_r, k + 8), b, out, group), [shape]),
+        (lambda: ag_gemm(a, b, out[:-1], group), ["out", shape]),
+        (lambda: ag_gemm(a, b, t(m + 8, n), group), ["out", shape]),
+        (lambda: ag_gemm(a, b, out[:, :-8], group), ["out"]),
+        (lambda: ag_gemm(a, b, out, group, gathered=gathered[:-1]), ["gathered"]),
+        (lambda: ag_gemm(a, b, out, group, gathered=t(m, k + 8)), ["gathered"]),
+        (lambda: ag_gemm(a.view(-1), b, out, group), [("2-D", "dim")]),
         # layout, and rows of a multiple of 16 bytes (K, then N, of 12 elements)
-        (lambda: interlace.ag_gemm(t(k, m_r).t(), b, out, group), [("row-major", "contiguous", "stride")]),
-        (lambda: interlace.ag_gemm(t(m_r, 12), t(12, n), out, group, gathered=t(m, 12)), [aligned]),
-        (lambda: interlace.ag_gemm(a, t(k, 12), t(m, 12), group), [aligned]),
+        (lambda: ag_gemm(t(k, m_r).t(), b, out, group), [("row-major", "contiguous", "stride")]),
+        (lambda: ag_gemm(t(m_r, 12), t(12, n), out, group, gathered=t(m, 12)), [aligned]),
+        (lambda: ag_gemm(a, t(k, 12), t(m, 12), group), [aligned]),
         # aliasing: out with a, out with b, gathered with out, a where its rows land in gathered
-        (lambda: interlace.ag_gemm(view(0, m_r, k), b, view(m_r * k - n, m, n), group), [overlap]),
-        (lambda: interlace.ag_gemm(a, view(0, k, n), view(k * n - n, m, n), group), [overlap]),
-        (lambda: interlace.ag_gemm(a, b, view(0, m, n), group, gathered=view(m * n - k, m, k)), [overlap]),
-        (lambda: interlace.ag_gemm(view(start * k, m_r, k), b, out, group, gathered=view(0, m, k)), [overlap]),
+        (lambda: ag_gemm(view(0, m_r, k), b, view(m_r * k - n, m, n), group), [overlap]),
+        (lambda: ag_gemm(a, view(0, k, n), view(k * n - n, m, n), group), [overlap]),
+        (lambda: ag_gemm(a, b, view(0, m, n), group, gathered=view(m * n - k, m, k)), [overlap]),
+        (lambda: ag_gemm(view(start * k, m_r, k), b, out, group, gathered=view(0, m, k)), [overlap]),
         # device
-        (lambda: interlace.ag_gemm(a, b.cpu(), out, group), ["cpu"]),
-        # tuning and path
-        (lambda: interlace.ag_gemm(a, b, out, group, copy_blocks=-1), ["copy_blocks"]),
-        (lambda: interlace.ag_gemm(a, b, out, group, chunk_rows=-1), ["chunk_rows"]),
-        (lambda: interlace.ag_gemm(a, b, out, group, path="bogus"), [("path", "bogus")],
-         (interlace.Error, ValueError)),
+        (lambda: ag_gemm(a, b.cpu(), out, group), ["cpu"]),
+        # tuning, and shard lists that do not fit
+        (lambda: ag_gemm(a, b, out, group, chunk_rows=-1), ["chunk_rows"]),
+        (lambda: ag_gemm(a, b, out, group, tile_n=96), ["tile_n"]),
+        (lambda: interlace.ag_gemm(a, b, out, group, shard_rows=counts[:-1]), ["shard_rows"]),
+        (lambda: interlace.ag_gemm(a, b, out, group, shard_rows=[c + 1 for c in counts]), ["shard_rows"]),
+        (lambda: interlace.ag_gemm(a, b, out, group), [("shard_rows", "rows")]),
         # out's rows wrong on rank 0 only: every rank raises, with rank 0's reason (its checks failed)
         # or with the calls that differ (out's M is part of the call)
-        (lambda: interlace.ag_gemm(a, b, out[:-1] if RANK == 0 else out, group), [("out", "differ")]),
-        # arguments that differ across ranks, each rank's own checks passing: N, K, dtype, path
-        (lambda: interlace.ag_gemm(a, t(k, n + 8 * RANK), t(m, n + 8 * RANK), group), ["differ"]),
-        (lambda: interlace.ag_gemm(t(m_r, k + 8 * RANK), t(k + 8 * RANK, n), out, group), ["differ"]),
-        (lambda: interlace.ag_gemm(t(m_r, k, dtype=(bf16, fp16)[RANK % 2]), t(k, n, dtype=(bf16, fp16)[RANK % 2]),
+        (lambda: ag_gemm(a, b, out[:-1] if RANK == 0 else out, group), [("out", "differ")]),
+        # arguments that differ across ranks, each rank's own checks passing: N, K, dtype, tuning
+        (lambda: ag_gemm(a, t(k, n + 8 * RANK), t(m, n + 8 * RANK), group), ["differ"]),
+        (lambda: ag_gemm(t(m_r, k + 8 * RANK), t(k + 8 * RANK, n), out, group), ["differ"]),
+        (lambda: ag_gemm(t(m_r, k, dtype=(bf16, fp16)[RANK % 2]), t(k, n, dtype=(bf16, fp16)[RANK % 2]),
                                    t(m, n, dtype=(bf16, fp16)[RANK % 2]), group), ["differ"]),
-        (lambda: interlace.ag_gemm(a, b, out, group, path=("fused", "sequential")[RANK % 2]), ["differ"]),
+        (lambda: ag_gemm(a, b, out, group, tile_n=(128, 256)[RANK % 2]), ["differ"]),
     ]
     for i, (fn, needles, *errors) in enumerate(cases):
         try:

@@ -1,7 +1,7 @@
 """ag_gemm (fused AllGather + GEMM) on real GPUs: each test starts two processes (one per GPU) running
 a scenario of ag_gemm_worker.py, and fails with every rank's output if any rank fails.
 
-  shapes      37 cases x 3 paths (auto, fused, sequential): uneven shards (one much smaller, not a
+  shapes      37 cases x 3 tile configurations (automatic, 128 and 256 wide): uneven shards (one much smaller, not a
               multiple of 128 rows, 1 row, a rank with none), K from 8 to 8192, N from 8 to 14336,
               bf16 and fp16, b as [K, N] and as weight.t(), gathered A none / ordinary / symmetric,
               tuning overrides; outputs poisoned with NaN; out against an fp32 reference (relative
@@ -20,7 +20,7 @@ WORLD = 2
 pytestmark = pytest.mark.gpus(WORLD)
 
 
-def run(scenario, timeout_s=300):
+def run(scenario, timeout_s=150):
     results = run_ranks([WORKER, scenario], WORLD, timeout_s)
     report = "\n".join(f"----- rank {r} exit {rc}\n{out}" for r, (rc, out) in enumerate(results))
     assert all(rc == 0 for rc, _ in results), report
@@ -28,7 +28,7 @@ def run(scenario, timeout_s=300):
     return results
 
 
-def test_uneven_shards_shapes_dtypes_layouts_and_paths():
+def test_uneven_shards_shapes_dtypes_layouts_and_tiles():
     run("shapes")
 
 

@@ -27,6 +27,7 @@ import torch.distributed as dist  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import interlace  # noqa: E402
+import interlace.torch as itorch  # noqa: E402
 from interlace.bench import common  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -34,7 +35,7 @@ flags.DEFINE_string("out_dir", "bench/results", "")
 flags.DEFINE_list("sizes", [], "global shapes MxKxN, or M (both sweeps' K and N); default: headline + sweeps")
 flags.DEFINE_integer("warmup", 10, "")
 flags.DEFINE_integer("iters", 50, "at most; big shapes get fewer (about 0.3 s of timed launches per method)")
-flags.DEFINE_list("tunings", ["0:0"], "interlace settings to time, copy_blocks:chunk_rows[:path] (0:0 = automatic)")
+flags.DEFINE_list("tunings", ["0:0:0"], "interlace settings to time, chunk_rows:tile_n:band_m (0:0:0 = automatic)")
 flags.DEFINE_string("command", "", "")
 
 HEADLINE = [(8192, 8192, 14336), (4096, 8192, 8192), (16384, 8192, 8192)]
@@ -149,11 +150,10 @@ def main(_):
     for m, k, n, _ in shapes:
         if m % world or n % world or m <= 0 or k <= 0 or n <= 0:
             raise SystemExit(f"shape M={m} K={k} N={n}: M and N must be positive multiples of the {world} ranks")
-    tunings = [(0, 0, "auto")]  # the automatic settings are always timed, as "interlace"
+    tunings = [(0, 0, 0)]  # the automatic settings are always timed, as "interlace"
     for t in FLAGS.tunings:
-        fields = t.split(":")
-        tuning = (int(fields[0] or 0), int(fields[1]) if len(fields) > 1 else 0,
-                  fields[2] if len(fields) > 2 else "auto")
+        fields = [int(f or 0) for f in t.split(":")] + [0, 0, 0]
+        tuning = tuple(fields[:3])
         if tuning not in tunings:
             tunings.append(tuning)
     # Room for the largest gathered A twice (op scratch: receive buffer and more) and flags.
@@ -195,12 +195,11 @@ def measure(group, torch_fused, m, k, n, series, rank, world, tunings):
 
     # interlace: the result against NCCL + cuBLAS, the gathered A bit for bit; outputs poisoned first.
     out = torch.empty(m, n_local, device="cuda", dtype=DTYPE)
-    gathered = torch.empty(m, k, device="cuda", dtype=DTYPE)
-    for blocks, chunk, path in tunings:
-        label = "interlace" if (blocks, chunk, path) == (0, 0, "auto") else f"interlace[{blocks}:{chunk}:{path}]"
-        # Only the settings that differ from the defaults: "interlace" is the call as users make it.
-        kwargs = {key: value for key, value, default in (("copy_blocks", blocks, 0), ("chunk_rows", chunk, 0),
-                                                         ("path", path, "auto")) if value != default}
+    # Symmetric (group.empty): the shards land in it directly, as they do in NCCL's output.
+    gathered = itorch.empty(group, (m, k), DTYPE)
+    for chunk, tile_n, band_m in tunings:
+        label = "interlace" if (chunk, tile_n, band_m) == (0, 0, 0) else f"interlace[{chunk}:{tile_n}:{band_m}]"
+        kwargs = {"chunk_rows": chunk, "tile_n": tile_n, "band_m": band_m}
         out.fill_(float("nan"))
         gathered.fill_(float("nan"))
         interlace.ag_gemm(a_shard, b, out, group, gathered=gathered, **kwargs)

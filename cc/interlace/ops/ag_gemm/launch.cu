@@ -161,6 +161,7 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
     IL_CHECK(tuning.tile_n == 0 || tuning.tile_n == 128 || tuning.tile_n == 256,
              "ag_gemm: tile_n must be 0 (automatic), 128 or 256, got ", tuning.tile_n);
     IL_CHECK(tuning.band_m >= 0, "ag_gemm: band_m must be >= 0 (0: automatic)");
+    IL_CHECK(tuning.chunk_rows >= 0, "ag_gemm: chunk_rows must be >= 0 (0: automatic), got ", tuning.chunk_rows);
     tile_n = tuning.tile_n ? tuning.tile_n : choose_tile_n(m, l.problem.n, group.num_sms(), kClusterM);
     const int band_m = tuning.band_m ? tuning.band_m : tile_n == 256 ? 16 : 8;
     const TileGrid grid = tile_grid(m, l.problem.n, 128 * kClusterM, tile_n);
