@@ -83,7 +83,8 @@ def gemm(a, b, out, *, stream=None, band_m=0, tile_n=0, cluster_m=0, pingpong=Tr
             band_m=band_m, tile_n=tile_n, cluster_m=cluster_m, pingpong=pingpong)
 
 
-def ag_gemm(a_shard, b, out, group, *, gathered=None, shard_rows=None, stream=None, chunk_rows=0, band_m=0, tile_n=0):
+def ag_gemm(a_shard, b, out, group, *, gathered=None, shard_rows=None, stream=None, chunk_rows=0, band_m=0, tile_n=0,
+            pingpong=True):
     """out[M, N] = A[M, K] @ b, where A is every rank's a_shard ([M_r, K], row-major) stacked in rank
     order, in one launch: the shards travel over NVLink while the GEMM computes on the rows that have
     landed (this rank's own first). b is [K, N], row-major or column-major (a Linear weight w [N, K]
@@ -91,7 +92,9 @@ def ag_gemm(a_shard, b, out, group, *, gathered=None, shard_rows=None, stream=No
     shard_rows: every rank's M_r, the same list on every rank (default: even shards, M / world).
     gathered: an optional [M, K] tensor that receives A (the backward pass needs it); a symmetric one
     (group.empty) is written in place, an ordinary one is copied into from heap scratch.
-    chunk_rows, band_m, tile_n tune the kernel (0: automatic). Stream-ordered, graph-capturable;
+    Tuning (0: automatic): chunk_rows, rows per transfer chunk; band_m, as in gemm; pingpong (default),
+    consumer warpgroups on alternate 128 x 128 tiles, else cooperative tiles of width tile_n (128 or
+    256). Stream-ordered, graph-capturable;
     raises interlace.Error before any GPU work on bad arguments."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: interlace.ag_gemm writes into out")
@@ -101,4 +104,4 @@ def ag_gemm(a_shard, b, out, group, *, gathered=None, shard_rows=None, stream=No
     _C.ag_gemm(_frameworks.as_dlpack(a_shard), _frameworks.as_dlpack(b), _frameworks.as_dlpack(out), native,
                gathered=None if gathered is None else _frameworks.as_dlpack(gathered),
                shard_rows=[] if shard_rows is None else [int(r) for r in shard_rows], stream=stream,
-               chunk_rows=chunk_rows, band_m=band_m, tile_n=tile_n)
+               chunk_rows=chunk_rows, band_m=band_m, tile_n=tile_n, pingpong=pingpong)

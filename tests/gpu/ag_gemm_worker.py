@@ -19,8 +19,8 @@ torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 torch.backends.cuda.matmul.allow_tf32 = False  # the reference is true fp32
 # A stuck wait becomes an error naming the flag after this long, rather than a hang.
 TIMEOUT_S = 20.0
-# Tile configurations each case runs with: automatic, and each tile width.
-PATHS = ({}, {"tile_n": 128}, {"tile_n": 256, "band_m": 1})
+# Tile configurations each case runs with: automatic (ping-pong), and cooperative tiles of each width.
+PATHS = ({}, {"pingpong": False, "tile_n": 128}, {"pingpong": False, "tile_n": 256, "band_m": 1})
 
 # (rows, K, N[, tuning]). Rank q holds rows[q % len(rows)] rows, so every rank knows every shard's size
 # at any world size. Together: whole 128-row tiles and tails; a shard much smaller than the other;
@@ -369,7 +369,7 @@ def scenario_validation():
         (lambda: ag_gemm(t(m_r, k + 8 * RANK), t(k + 8 * RANK, n), out, group), ["differ"]),
         (lambda: ag_gemm(t(m_r, k, dtype=(bf16, fp16)[RANK % 2]), t(k, n, dtype=(bf16, fp16)[RANK % 2]),
                                    t(m, n, dtype=(bf16, fp16)[RANK % 2]), group), ["differ"]),
-        (lambda: ag_gemm(a, b, out, group, tile_n=(128, 256)[RANK % 2]), ["differ"]),
+        (lambda: ag_gemm(a, b, out, group, pingpong=(True, False)[RANK % 2]), ["differ"]),
     ]
     for i, (fn, needles, *errors) in enumerate(cases):
         try:

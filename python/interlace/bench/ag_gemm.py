@@ -35,7 +35,8 @@ flags.DEFINE_string("out_dir", "bench/results", "")
 flags.DEFINE_list("sizes", [], "global shapes MxKxN, or M (both sweeps' K and N); default: headline + sweeps")
 flags.DEFINE_integer("warmup", 10, "")
 flags.DEFINE_integer("iters", 50, "at most; big shapes get fewer (about 0.3 s of timed launches per method)")
-flags.DEFINE_list("tunings", ["0:0:0"], "interlace settings to time, chunk_rows:tile_n:band_m (0:0:0 = automatic)")
+flags.DEFINE_list("tunings", [], "interlace settings to time besides the automatic ones, "
+                  "chunk_rows:tile_n:band_m:pingpong (0 = automatic; pingpong 1 or 0)")
 flags.DEFINE_string("command", "", "")
 
 HEADLINE = [(8192, 8192, 14336), (4096, 8192, 8192), (16384, 8192, 8192)]
@@ -150,10 +151,10 @@ def main(_):
     for m, k, n, _ in shapes:
         if m % world or n % world or m <= 0 or k <= 0 or n <= 0:
             raise SystemExit(f"shape M={m} K={k} N={n}: M and N must be positive multiples of the {world} ranks")
-    tunings = [(0, 0, 0)]  # the automatic settings are always timed, as "interlace"
+    tunings = [(0, 0, 0, 1)]  # the automatic settings are always timed, as "interlace"
     for t in FLAGS.tunings:
-        fields = [int(f or 0) for f in t.split(":")] + [0, 0, 0]
-        tuning = tuple(fields[:3])
+        fields = [int(f or 0) for f in t.split(":")] + [0, 0, 0, 1][len(t.split(":")):]
+        tuning = tuple(fields[:4])
         if tuning not in tunings:
             tunings.append(tuning)
     # Room for the largest gathered A twice (op scratch: receive buffer and more) and flags.
@@ -197,9 +198,10 @@ def measure(group, torch_fused, m, k, n, series, rank, world, tunings):
     out = torch.empty(m, n_local, device="cuda", dtype=DTYPE)
     # Symmetric (group.empty): the shards land in it directly, as they do in NCCL's output.
     gathered = itorch.empty(group, (m, k), DTYPE)
-    for chunk, tile_n, band_m in tunings:
-        label = "interlace" if (chunk, tile_n, band_m) == (0, 0, 0) else f"interlace[{chunk}:{tile_n}:{band_m}]"
-        kwargs = {"chunk_rows": chunk, "tile_n": tile_n, "band_m": band_m}
+    for chunk, tile_n, band_m, pingpong in tunings:
+        automatic = (chunk, tile_n, band_m, pingpong) == (0, 0, 0, 1)
+        label = "interlace" if automatic else f"interlace[{chunk}:{tile_n}:{band_m}:{pingpong}]"
+        kwargs = {"chunk_rows": chunk, "tile_n": tile_n, "band_m": band_m, "pingpong": bool(pingpong)}
         out.fill_(float("nan"))
         gathered.fill_(float("nan"))
         interlace.ag_gemm(a_shard, b, out, group, gathered=gathered, **kwargs)
@@ -216,6 +218,11 @@ def measure(group, torch_fused, m, k, n, series, rank, world, tunings):
         check_or_exit(problem, rank)
         row["check"][label] = err
         methods[label] = lambda kw=kwargs: interlace.ag_gemm(a_shard, b, out, group, gathered=gathered, **kw)
+    # The same call replayed from a CUDA graph: the GPU time without the host's share of a call.
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        interlace.ag_gemm(a_shard, b, out, group, gathered=gathered)
+    methods["interlace_graph"] = graph.replay
     methods["nccl_cublas"] = nccl_cublas
 
     fused_fn, fused_out, row["torch_fused_error"] = torch_fused.prepare(a_shard, b)

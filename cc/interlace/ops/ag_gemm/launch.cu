@@ -19,7 +19,7 @@ namespace {
 
 using detail::concat;
 
-// 2-CTA clusters (the pair shares B through TMA multicast) of cooperative 128 x kTileN tiles.
+// 2-CTA clusters: the pair shares B through TMA multicast.
 constexpr int kClusterM = 2;
 
 struct Launch {
@@ -35,9 +35,9 @@ struct Launch {
   const void* dummy = nullptr;  // 16-byte aligned device memory of at least 128 bytes
 };
 
-template <class Element, bool kBKMajor, int kTileN>
+template <class Element, bool kBKMajor, int kTileN, bool kPingpong>
 void launch(const Launch& l, cudaStream_t stream) {
-  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, /*kPingpong=*/false>;
+  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, kPingpong>;
   using Epilogue = gemm_engine::StoreTile<Element>;
   using Params = gemm_engine::GemmParams<Config, AgGemmOrder, AgGemmInputWait, Epilogue, AgGemmPhases>;
   auto kernel = gemm_engine::sm90_gemm_kernel<Config, AgGemmOrder, AgGemmInputWait, Epilogue, AgGemmPhases>;
@@ -160,9 +160,13 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
     l.problem = check_gemm_args(a_full, b, out, group.device());
     IL_CHECK(tuning.tile_n == 0 || tuning.tile_n == 128 || tuning.tile_n == 256,
              "ag_gemm: tile_n must be 0 (automatic), 128 or 256, got ", tuning.tile_n);
+    IL_CHECK(!tuning.pingpong || tuning.tile_n == 0 || tuning.tile_n == 128,
+             "ag_gemm: ping-pong tiles are 128 wide; tile_n=", tuning.tile_n, " needs pingpong=False");
     IL_CHECK(tuning.band_m >= 0, "ag_gemm: band_m must be >= 0 (0: automatic)");
     IL_CHECK(tuning.chunk_rows >= 0, "ag_gemm: chunk_rows must be >= 0 (0: automatic), got ", tuning.chunk_rows);
-    tile_n = tuning.tile_n ? tuning.tile_n : choose_tile_n(m, l.problem.n, group.num_sms(), kClusterM);
+    tile_n = tuning.pingpong ? 128
+             : tuning.tile_n ? tuning.tile_n
+                             : choose_tile_n(m, l.problem.n, group.num_sms(), kClusterM);
     const int band_m = tuning.band_m ? tuning.band_m : tile_n == 256 ? 16 : 8;
     const TileGrid grid = tile_grid(m, l.problem.n, 128 * kClusterM, tile_n);
     // All resident CTAs run (launch() counts them), even those without tiles: they push their share
@@ -191,7 +195,8 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
     return concat("ag_gemm(m=", m, ", k=", k, ", n=", l.problem.n, ", shards=[", shards, "], dtype=",
                   a_shard.dtype_name(), ", b=", l.problem.b_k_major ? "k-major" : "n-major", ", landing=", landing,
                   ", gathered=", gathered ? (copy_out ? "ordinary" : "symmetric") : "none", ", chunk_rows=",
-                  s.chunk_rows, ", tile_n=", tile_n, ", band_m=", band_m, ")");
+                  s.chunk_rows, ", tile_n=", tile_n, ", band_m=", band_m,
+                  ", pingpong=", tuning.pingpong, ")");
   });
   l.shared.signature = signature;
   const bool bf16 = l.problem.dtype == GemmDtype::kBf16;
@@ -203,7 +208,11 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
     auto by_tile = [&](auto element, auto b_k_major) {
       using E = decltype(element);
       constexpr bool kK = decltype(b_k_major)::value;
-      tile_n == 256 ? launch<E, kK, 256>(l, s) : launch<E, kK, 128>(l, s);
+      if (tuning.pingpong) {
+        launch<E, kK, 128, true>(l, s);
+      } else {
+        tile_n == 256 ? launch<E, kK, 256, false>(l, s) : launch<E, kK, 128, false>(l, s);
+      }
     };
     auto by_layout = [&](auto element) {
       l.problem.b_k_major ? by_tile(element, std::true_type{}) : by_tile(element, std::false_type{});

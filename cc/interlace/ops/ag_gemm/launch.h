@@ -14,7 +14,8 @@ namespace interlace {
 struct AgGemmTuning {
   int64_t chunk_rows = 0;  // rows per transfer chunk (one flag each); see ag_gemm_chunk_rows
   int band_m = 0;          // cluster-tile rows per band of the tile order within a shard (L2 reuse)
-  int tile_n = 0;          // output tile width, 128 or 256 (0: choose_tile_n)
+  int tile_n = 0;          // cooperative only: output tile width, 128 or 256 (0: choose_tile_n)
+  bool pingpong = true;    // consumer warpgroups on alternate 128 x 128 tiles (as gemm); false: cooperative
 };
 
 // out[M, N] = A[M, K] @ b, where A is every rank's a_shard ([M_r, K], row-major) stacked in rank
