@@ -1,7 +1,8 @@
 // The two places where a fused op changes the GEMM, and the plain GEMM's choices for them.
 //
 //   InputWait::wait(params, m_idx, n_idx)   producer, before loading a tile's A and B: e.g. wait for
-//                                           the A rows that another GPU is still sending.
+//     -> bool                               the A rows that another GPU is still sending; true loads
+//                                           A through GemmParams::mainloop_alt instead.
 //   Epilogue::store(params, accum, ...)     consumers, with a finished tile in registers: e.g. store
 //                                           it into another GPU's memory, add it into a staging
 //                                           buffer, raise a flag.
@@ -32,7 +33,7 @@ struct NoPhases {
 
 struct NoInputWait {
   struct Params {};
-  __device__ static void wait(const Params&, int /*m_idx*/, int /*n_idx*/) {}
+  __device__ static bool wait(const Params&, int /*m_idx*/, int /*n_idx*/) { return false; }
 };
 
 // Converts the fp32 accumulators to Element and writes them to out[M, N] (row stride ldc), pairs of

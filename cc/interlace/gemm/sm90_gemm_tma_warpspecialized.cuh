@@ -4,7 +4,8 @@
 // + num_clusters, ...), CTA r of a cluster taking tile row kClusterM * m + r. The order is a policy
 // (Order: Params and a __device__ position -> tile map, e.g. BandedOrder in tile_plan.h), computed
 // as the walk goes, so that no per-shape data lives in device memory. Roles:
-//   Producer  (warpgroup 0, one warp): per tile, InputWait::wait, then TMA loads of A and B k-slices
+//   Producer  (warpgroup 0, one warp): per tile, InputWait::wait, then TMA loads of A (from
+//             mainloop or, where the wait says so, mainloop_alt) and B k-slices
 //             into a ring of shared-memory stages;
 //   Helpers   (warpgroup 0, warps 1-3): Phases::helpers, e.g. a fused op's transfers to peers;
 //   Consumer0/Consumer1 (warpgroups 1, 2): wgmma on the stages into fp32 registers, then
@@ -32,6 +33,9 @@ namespace interlace::gemm_engine {
 template <class Config, class Order, class InputWait, class Epilogue, class Phases = NoPhases>
 struct GemmParams {
   typename Config::Mainloop::Params mainloop;
+  // The same problem with A elsewhere (e.g. this rank's own rows, read in place): the producer loads
+  // a tile from it when InputWait::wait says so.
+  typename Config::Mainloop::Params mainloop_alt;
   int32_t m, n, k;
   typename Order::Params order;  // over cluster tiles: (cluster tile row, tile column)
   int32_t num_tiles;             // cluster tiles: positions 0 .. num_tiles - 1 of the order
@@ -82,9 +86,9 @@ __device__ __forceinline__ void run_producer(const Params& params, typename Conf
   TileWalk<Order, Config::kClusterM> walk(params.order, params.num_tiles);
   int m_idx, n_idx;
   while (walk.get(&m_idx, &n_idx)) {
-    InputWait::wait(params.input_wait, m_idx, n_idx);
+    const bool alt = InputWait::wait(params.input_wait, m_idx, n_idx);
     auto k_iter = make_coord_iterator(idx2crd(0, k_shape), k_shape);
-    mainloop.load(params.mainloop, pipeline, state, load_inputs, make_coord(m_idx, n_idx, _, 0), k_iter, k_tiles,
+    mainloop.load(alt ? params.mainloop_alt : params.mainloop, pipeline, state, load_inputs, make_coord(m_idx, n_idx, _, 0), k_iter, k_tiles,
                   static_cast<int>(threadIdx.x % 32), cute::block_rank_in_cluster(), shared.mainloop.tensors);
     state.advance(k_tiles);
   }

@@ -5,15 +5,16 @@
 //   Phases::begin    the op handshake (device/op_sequence.cuh): peers run the same call, and their
 //                    previous op is done with the gathered buffer this rank is about to write;
 //   Phases::helpers  the producer warpgroup's three idle warps of every CTA push this rank's shard,
-//                    chunk by chunk, into every rank's gathered buffer (its own first, then rank + 1,
-//                    rank + 2, ...: the order in which they need it), and raise the chunk's flag
-//                    there once the chunk's stores are visible; then they wait for the chunks that
-//                    peers push to this CTA's share, so `gathered` is whole when the kernel ends;
+//                    chunk by chunk, into every rank's gathered buffer (rank + 1, rank + 2, ...: the
+//                    order in which they need it; its own last), and raise the chunk's flag there
+//                    once the chunk's stores are visible; then they wait for the chunks that peers
+//                    push to this CTA's share, so `gathered` is whole when the kernel ends;
 //   InputWait        before the producer loads a tile's A rows, it waits for the flags of the chunks
 //                    that hold them, then fence.proxy.async so that TMA (the async proxy) sees what
 //                    the peers' SM stores (the generic proxy) wrote.
-// The tile order (AgGemmOrder) starts with this rank's own shard and follows the order in which the
-// others arrive, so the tensor cores have work while the network is busy. The transfers take no SM
+// The tile order (AgGemmOrder) starts with this rank's own shard, whose tiles read it in place (a
+// second TMA descriptor for A, with no wait), and follows the order in which the others arrive, so
+// the tensor cores have work while the network is busy. The transfers take no SM
 // from the GEMM: they use warps that would otherwise idle.
 #pragma once
 
@@ -37,6 +38,7 @@ struct AgGemmShared {
   uint64_t gathered;        // heap offset of the gathered A ([M, K]) on every rank
   int64_t row_bytes;        // K * element size, a multiple of 16
   int64_t chunk_rows;
+  bool own_in_place;        // tiles of this rank's rows alone load them from shard (mainloop_alt)
 };
 
 namespace ag_gemm_detail {
@@ -49,6 +51,14 @@ __device__ __forceinline__ AgGemmFlags& flags(const device::NvlinkTransport& t) 
 // and op_end (the counter moves only when the last CTA of the op is done).
 __device__ __forceinline__ uint64_t op_number(const device::NvlinkTransport& t) {
   return *reinterpret_cast<const volatile uint64_t*>(&t.my_pad()->ops.completed) + 1;
+}
+
+// Per CTA, in shared memory: chunks 0 .. verified[q] - 1 of rank q have landed (the producer has
+// seen their flags). Tiles visit a shard's rows in ascending bands, so one count per shard lets
+// most tiles skip their flags and the proxy fence altogether.
+__device__ __forceinline__ int32_t* verified_chunks() {
+  __shared__ int32_t verified[kMaxLocalRanks];
+  return verified;
 }
 
 __device__ __forceinline__ int64_t chunks_of(const AgGemmShared& s, int q) {
@@ -80,6 +90,8 @@ struct AgGemmPhases {
   using Params = AgGemmShared;
 
   __device__ static bool begin(const Params& p) {
+    // Zeroed before op_begin, whose __syncthreads orders it before the producer reads it.
+    for (int q = threadIdx.x; q < kMaxLocalRanks; q += blockDim.x) ag_gemm_detail::verified_chunks()[q] = 0;
     const device::OpStart start = device::op_begin(p.transport, p.wait, p.signature);
     if (start == device::kSkip) device::op_end(p.transport);
     return start == device::kRun;
@@ -93,7 +105,10 @@ struct AgGemmPhases {
     const int64_t chunks = chunks_of(p, me);
     const int64_t my_rows = p.rows.start[me + 1] - p.rows.start[me];
     AgGemmFlags& f = flags(t);
-    for (int k = 0; k < t.local_size; ++k) {
+    // Peers first, rank + 1 first (the order in which they need this shard); this rank's own copy
+    // last, since its own tiles read the shard in place (own_in_place); only tiles that span shards,
+    // which come later, and `gathered` need it.
+    for (int k = 1; k <= t.local_size; ++k) {
       const int q = (me + k) % t.local_size;
       for (int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
         const int64_t first = c * p.chunk_rows;
@@ -119,33 +134,42 @@ struct AgGemmPhases {
   __device__ static void end(const Params& p) { device::op_end(p.transport); }
 };
 
-// Before a tile's A rows are loaded: the flags of every chunk that holds them (lanes of the
-// producer warp share the waits). A failed wait (the group aborted, or the last-resort timeout) has
-// recorded why and returns: the producer then loads whatever is there, so the consumers never wait
-// forever, and the call raises afterwards.
+// Before a tile's A rows are loaded: the flags of every chunk that holds them and that this CTA has
+// not seen land yet, with the chunks before them in their shard (the lanes of the producer warp
+// share the waits), then a proxy fence if any was new. A failed wait (the group aborted, or the
+// last-resort timeout) has recorded why and returns: the producer then loads whatever is there, so
+// the consumers never wait forever, and the call raises afterwards.
 struct AgGemmInputWait {
   using Params = AgGemmShared;
 
-  __device__ static void wait(const Params& p, int m_idx, int /*n_idx*/) {
+  __device__ static bool wait(const Params& p, int m_idx, int /*n_idx*/) {
     using namespace ag_gemm_detail;
     const device::NvlinkTransport& t = p.transport;
     const int lane = static_cast<int>(threadIdx.x % 32);
+    const int me = t.local_rank;
     const int64_t lo = static_cast<int64_t>(m_idx) * p.rows.tile_m;
     const int64_t hi = min(lo + p.rows.tile_m, p.rows.m());
-    if (lo >= hi) return;
+    if (lo >= hi) return false;
+    if (p.own_in_place && lo >= p.rows.start[me] && hi <= p.rows.start[me + 1]) return true;
+    int32_t* verified = verified_chunks();
     const uint64_t number = op_number(t);
     AgGemmFlags& f = flags(t);
-    int i = 0;
+    bool fresh = false;
     for (int q = p.rows.owner_of_row(lo); q <= p.rows.owner_of_row(hi - 1); ++q) {
-      const int64_t first = max(lo, p.rows.start[q]) - p.rows.start[q];
-      const int64_t last = min(hi, p.rows.start[q + 1]) - p.rows.start[q];  // exclusive
-      if (last <= first) continue;
-      for (int64_t c = first / p.chunk_rows; c <= (last - 1) / p.chunk_rows; ++c, ++i) {
-        if (i % 32 == lane) t.wait(&f.arrived[q][c], number, p.wait, FlagId::kChunk, q);
-      }
+      const int64_t last = min(hi, p.rows.start[q + 1]) - p.rows.start[q];  // rows of q in the tile end here
+      if (last <= 0 || lo >= p.rows.start[q + 1]) continue;
+      const int32_t need = static_cast<int32_t>((last + p.chunk_rows - 1) / p.chunk_rows);  // chunks 0 .. need - 1
+      const int32_t from = verified[q];
+      if (need <= from) continue;
+      for (int32_t c = from + lane; c < need; c += 32) t.wait(&f.arrived[q][c], number, p.wait, FlagId::kChunk, q);
+      fresh = true;
+      __syncwarp();
+      if (lane == 0) verified[q] = need;
+      __syncwarp();
     }
-    __syncwarp();
-    asm volatile("fence.proxy.async.global;" ::: "memory");
+    // TMA (the async proxy) must see what the flags' writers stored through the generic proxy.
+    if (fresh) asm volatile("fence.proxy.async.global;" ::: "memory");
+    return false;
   }
 };
 

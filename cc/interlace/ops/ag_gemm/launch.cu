@@ -33,6 +33,7 @@ struct Launch {
   int num_sms = 0;
   int device = 0;
   const void* dummy = nullptr;  // 16-byte aligned device memory of at least 128 bytes
+  const void* own_base = nullptr;  // where row 0 would be if this rank's shard were row start[me] of A
 };
 
 template <class Element, bool kBKMajor, int kTileN, bool kPingpong>
@@ -44,12 +45,17 @@ void launch(const Launch& l, cudaStream_t stream) {
   Params params{};
   if (l.num_tiles > 0) {
     params.mainloop = gemm_engine::mainloop_params<Config>(l.problem, l.gathered, l.b);
+    // This rank's rows in place: a descriptor of the same [M, K] whose row start[me] is the shard's
+    // first. Only tiles within the shard load through it, so no row outside the shard is read.
+    params.mainloop_alt = l.shared.own_in_place
+                              ? gemm_engine::mainloop_params<Config>(l.problem, l.own_base, l.b)
+                              : params.mainloop;
   } else {
     // Nothing to load (M, N or K is 0), but the kernel still runs for the handshake and the
     // transfers: TMA descriptors of a tiny problem on memory that exists (never read).
     GemmProblem tiny = l.problem;
     tiny.m = tiny.n = tiny.k = tiny.lda = tiny.ldb = tiny.ldc = 8;
-    params.mainloop = gemm_engine::mainloop_params<Config>(tiny, l.dummy, l.dummy);
+    params.mainloop = params.mainloop_alt = gemm_engine::mainloop_params<Config>(tiny, l.dummy, l.dummy);
   }
   params.m = static_cast<int32_t>(l.problem.m);
   params.n = static_cast<int32_t>(l.problem.n);
@@ -187,6 +193,10 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
     s.gathered = landing;
     s.row_bytes = row_bytes;
     s.chunk_rows = ag_gemm_chunk_rows(s.rows, row_bytes, l.num_sms, tuning.chunk_rows);
+    // The in-place descriptor's base lies before the shard (never read there); it must not wrap.
+    const uint64_t before = static_cast<uint64_t>(s.rows.start[topo.local_rank]) * row_bytes;
+    s.own_in_place = a_shard.nbytes() > 0 && reinterpret_cast<uintptr_t>(a_shard.data) >= before;
+    l.own_base = static_cast<const char*>(a_shard.data) - (s.own_in_place ? before : 0);
     l.gathered = a_full.data;
     l.b = b.data;
     l.out = out.data;
