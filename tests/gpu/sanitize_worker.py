@@ -28,5 +28,18 @@ for m, n, k in ((1, 8, 8), (130, 136, 72), (257, 264, 200)):
     torch.cuda.synchronize()
     err = ((out.float() - a.float() @ b.float()).norm() / (a.float() @ b.float()).norm()).item()
     assert err < 1e-2, f"gemm {m}x{n}x{k}: relative error {err}"
+# ag_gemm: uneven shards (one of 1 row), a tile row spanning both, an ordinary gathered A.
+rows = [1 if q == 0 else 130 for q in range(WORLD)]
+shards = [torch.full((rows[q], 64), q + 1, dtype=torch.bfloat16, device="cuda") for q in range(WORLD)]
+b = torch.randn(64, 136, device="cuda", dtype=torch.bfloat16)
+out = torch.empty(sum(rows), 136, device="cuda", dtype=torch.bfloat16)
+gathered = torch.empty(sum(rows), 64, device="cuda", dtype=torch.bfloat16)
+interlace.ag_gemm(shards[RANK], b, out, group, gathered=gathered, shard_rows=rows)
+torch.cuda.synchronize()
+group.check()
+full = torch.cat(shards)
+assert torch.equal(gathered, full), "ag_gemm's gathered A"
+ref = full.float() @ b.float()
+assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2, "ag_gemm"
 group.barrier()
 print(f"rank {RANK}: sanitizer workload correct")
