@@ -69,20 +69,6 @@ def iters_for(m, k, n_local):
     return max(10, min(FLAGS.iters, int(300 / max(est_ms, 1e-3))))
 
 
-def warm_up_gpu(seconds=2.0):
-    """An idle H200 sits at a low clock and takes a while to boost: keep it busy for a moment first."""
-    x = torch.randn(8192, 8192, device="cuda", dtype=DTYPE)
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    while True:
-        for _ in range(20):
-            torch.matmul(x, x)
-        stop.record()
-        stop.synchronize()
-        if start.elapsed_time(stop) > seconds * 1e3:
-            return
-
-
 def relative_error(out, ref):
     return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
@@ -161,7 +147,7 @@ def main(_):
     heap = 2 * max(m * k for m, k, _, _ in shapes) * DTYPE.itemsize + (256 << 20)
     group = interlace.init(heap_bytes=heap, timeout_s=60.0)
     torch_fused = TorchFused()
-    warm_up_gpu()
+    common.warm_up_gpu()
     rows = []
     for m, k, n, series in shapes:
         rows.append(measure(group, torch_fused, m, k, n, series, rank, world, tunings))

@@ -21,6 +21,21 @@ def human_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def warm_up_gpu(seconds=2.0):
+    """An idle H200 sits at a low clock and takes a while to boost; a few launches of warm-up are not
+    enough for millisecond-scale GEMMs, so keep the GPU busy for a couple of seconds first."""
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    while True:
+        for _ in range(20):
+            torch.matmul(x, x)
+        stop.record()
+        stop.synchronize()
+        if start.elapsed_time(stop) > seconds * 1e3:
+            return
+
+
 def time_launches(fn, n: int) -> list:
     """Milliseconds of each of n back-to-back launches of fn, from CUDA events recorded between them
     (on the current stream; synchronizes at the end)."""

@@ -46,25 +46,9 @@ def relative_error(m, n, k, layout, dtype=torch.bfloat16, seed=0, **tuning):
     return ((out.float() - ref).norm() / ref.norm()).item(), unwritten
 
 
-def warm_up_gpu(seconds=2.0):
-    """An idle H200 sits at a low clock and takes a while to boost; a few launches of warm-up are not
-    enough for millisecond-scale GEMMs, so keep the GPU busy for a couple of seconds first."""
-    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    start = torch.cuda.Event(enable_timing=True)
-    stop = torch.cuda.Event(enable_timing=True)
-    start.record()
-    while True:
-        for _ in range(20):
-            torch.matmul(x, x)
-        stop.record()
-        stop.synchronize()
-        if start.elapsed_time(stop) > seconds * 1e3:
-            return
-
-
 def main(_):
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    warm_up_gpu()
+    common.warm_up_gpu()
     sweep = []
     for i, (m, n, k) in enumerate(SWEEP):
         layout, dtype = ("kn", "nk")[i % 2], (torch.bfloat16, torch.float16)[(i // 2) % 2]
