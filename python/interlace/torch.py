@@ -6,6 +6,7 @@ models that call them, and CUDA graphs (mode="reduce-overhead") replay them.
     y = itorch.all_gather(x, group)          # functional: a new tensor
     itorch.all_gather(x, group, out=buf)     # into buf
     c = itorch.gemm(a, b)                    # a @ b on interlace's engine
+    y = itorch.ag_gemm(x, w.t(), group)      # all_gather(x) @ w.t() in one launch
 
 Custom ops take tensors and scalars, not Python objects: a group crosses torch.library as its
 integer handle (group.handle), and the op finds the group again by it. group.handle is a plain int
@@ -68,6 +69,57 @@ def _(a, b):
     _torch._check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0],
                   lambda: f"interlace.gemm: a {tuple(a.shape)} and b {tuple(b.shape)} do not multiply")
     return a.new_empty((a.shape[0], b.shape[1]))
+
+
+def _ag_gemm_rows(a_shard, shard_rows, world_size):
+    return sum(shard_rows) if shard_rows else world_size * a_shard.shape[0]
+
+
+@_torch.library.custom_op("interlace::ag_gemm_into", mutates_args=("out", "gathered"), device_types="cuda")
+def _ag_gemm_into(out: _torch.Tensor, gathered: _torch.Tensor | None, a_shard: _torch.Tensor, b: _torch.Tensor,
+                  group: int, shard_rows: list[int] | None) -> None:
+    _interlace.ag_gemm(a_shard, b, out, _group.by_handle(group), gathered=gathered, shard_rows=shard_rows)
+
+
+@_ag_gemm_into.register_fake
+def _(out, gathered, a_shard, b, group, shard_rows):
+    return None
+
+
+@_torch.library.custom_op("interlace::ag_gemm", mutates_args=(), device_types="cuda")
+def _ag_gemm(a_shard: _torch.Tensor, b: _torch.Tensor, group: int, shard_rows: list[int] | None, world_size: int,
+             with_gathered: bool) -> tuple[_torch.Tensor, _torch.Tensor]:
+    m = _ag_gemm_rows(a_shard, shard_rows, world_size)
+    out = a_shard.new_empty((m, b.shape[1]))
+    gathered = a_shard.new_empty((m if with_gathered else 0, a_shard.shape[1]))
+    _interlace.ag_gemm(a_shard, b, out, _group.by_handle(group), gathered=gathered if with_gathered else None,
+                       shard_rows=shard_rows)
+    return out, gathered
+
+
+@_ag_gemm.register_fake
+def _(a_shard, b, group, shard_rows, world_size, with_gathered):
+    _torch._check(a_shard.dim() == 2 and b.dim() == 2 and a_shard.shape[1] == b.shape[0],
+                  lambda: f"interlace.ag_gemm: a_shard {tuple(a_shard.shape)} and b {tuple(b.shape)} do not multiply")
+    m = _ag_gemm_rows(a_shard, shard_rows, world_size)
+    return a_shard.new_empty((m, b.shape[1])), a_shard.new_empty((m if with_gathered else 0, a_shard.shape[1]))
+
+
+def ag_gemm(a_shard: _torch.Tensor, b: _torch.Tensor, group, *, shard_rows=None, out: _torch.Tensor = None,
+            gathered: _torch.Tensor = None, return_gathered: bool = False):
+    """A @ b where A is every rank's a_shard stacked in rank order, in one launch (see
+    interlace.ag_gemm), as torch.ops.interlace.ag_gemm (new tensors: out, and with
+    return_gathered=True the gathered A too, as (out, gathered)) or, with out= (and optionally
+    gathered=), torch.ops.interlace.ag_gemm_into (returns out, or (out, gathered)).
+    shard_rows: every rank's rows, for uneven shards."""
+    rows = None if shard_rows is None else [int(r) for r in shard_rows]
+    if out is None:
+        if gathered is not None:
+            raise ValueError("interlace.torch.ag_gemm: gathered= goes with out=; or pass return_gathered=True")
+        out, full = _torch.ops.interlace.ag_gemm(a_shard, b, group.handle, rows, group.world_size, return_gathered)
+        return (out, full) if return_gathered else out
+    _torch.ops.interlace.ag_gemm_into(out, gathered, a_shard, b, group.handle, rows)
+    return (out, gathered) if gathered is not None else out
 
 
 def all_gather(inp: _torch.Tensor, group, *, out: _torch.Tensor = None) -> _torch.Tensor:

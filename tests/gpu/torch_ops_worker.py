@@ -27,6 +27,11 @@ def block(x, w):
     return itorch.gemm(itorch.all_gather(x, group), w.t()).relu()
 
 
+def fused_block(x, w):
+    y, full = itorch.ag_gemm(x, w.t(), group, return_gathered=True)
+    return y.relu(), full
+
+
 def reference(rows, seed, w):
     full = torch.cat([shard(q, rows, seed) for q in range(WORLD)])
     return (full.float() @ w.float().t()).relu()
@@ -49,6 +54,16 @@ def main(mode):
         torch.cuda.synchronize()
         group.check()
         check(out, reference(129, step, w), f"{mode} step {step}")
+    fused = {"eager": fused_block, "fullgraph": torch.compile(fused_block, fullgraph=True),
+             "reduce_overhead": torch.compile(fused_block, fullgraph=True, mode="reduce-overhead"),
+             "from_process_group": fused_block}[mode]
+    for step in range(5):
+        x = shard(RANK, 128, 20 + step)
+        out, full = fused(x, w)
+        torch.cuda.synchronize()
+        group.check()
+        check(out, reference(128, 20 + step, w), f"{mode} ag_gemm step {step}")
+        assert torch.equal(full, torch.cat([shard(q, 128, 20 + step) for q in range(WORLD)])), "gathered A"
     buf = torch.full((WORLD * 129, 256), float("nan"), device="cuda", dtype=torch.bfloat16)
     itorch.all_gather(shard(RANK, 129, 9), group, out=buf)
     torch.cuda.synchronize()

@@ -64,11 +64,13 @@ def group(natives):
 
 def test_every_op_is_registered_with_its_schema():
     schemas = {name: str(getattr(torch.ops.interlace, name).default._schema)
-               for name in ("all_gather", "all_gather_into", "gemm", "gemm_into")}
+               for name in ("all_gather", "all_gather_into", "gemm", "gemm_into", "ag_gemm", "ag_gemm_into")}
     assert "Tensor(a0!) out" in schemas["all_gather_into"], schemas
     assert "Tensor(a0!) out" in schemas["gemm_into"], schemas
+    assert "Tensor(a0!) out, Tensor(a1!)? gathered" in schemas["ag_gemm_into"], schemas
     assert schemas["all_gather"].endswith("-> Tensor"), schemas
     assert schemas["gemm"].endswith("-> Tensor"), schemas
+    assert schemas["ag_gemm"].endswith("-> (Tensor, Tensor)"), schemas
 
 
 def test_group_is_plain_python_around_the_native_group(natives, group):
@@ -117,6 +119,13 @@ def test_fake_implementations_give_the_output_shapes(group):
         assert c.shape == (7, 24) and c.dtype == torch.bfloat16
         with pytest.raises(Exception, match="do not multiply"):
             itorch.gemm(a, torch.empty(15, 24, dtype=torch.bfloat16))
+        # ag_gemm: even shards, uneven ones (shard_rows), and the gathered A on request.
+        shard, w = torch.empty(3, 16, dtype=torch.bfloat16), torch.empty(24, 16, dtype=torch.bfloat16)
+        assert itorch.ag_gemm(shard, w.t(), group).shape == (12, 24)
+        y, full = itorch.ag_gemm(shard, w.t(), group, shard_rows=[3, 0, 1, 9], return_gathered=True)
+        assert y.shape == (13, 24) and full.shape == (13, 16) and full.dtype == torch.bfloat16
+        with pytest.raises(Exception, match="do not multiply"):
+            itorch.ag_gemm(shard, torch.empty(15, 24, dtype=torch.bfloat16), group)
 
 
 class TensorParallelBlock(torch.nn.Module):
@@ -196,3 +205,34 @@ def test_out_variants_trace_as_mutations(group):
     compiled(torch.empty(3, 5), torch.empty(12, 5))
     targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
     assert any("interlace.all_gather_into" in t for t in targets), targets
+
+
+def test_ag_gemm_compiles_in_both_forms_without_a_graph_break(group):
+    """Functional with the gathered A returned (what a column-parallel layer's backward needs), and
+    into given outputs; one graph each, the group's handle and the shard rows baked in."""
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def functional(x, w):
+        y, full = itorch.ag_gemm(x, w.t(), group, shard_rows=[3, 3, 3, 4], return_gathered=True)
+        return y.relu(), full
+
+    def into(x, w, y, full):
+        itorch.ag_gemm(x, w.t(), group, out=y, gathered=full)
+        return y * 2
+
+    meta = dict(dtype=torch.bfloat16, device="meta")
+    y, full = torch.compile(functional, fullgraph=True, backend=capture)(torch.empty(3, 16, **meta),
+                                                                          torch.empty(24, 16, **meta))
+    assert y.shape == (13, 24) and full.shape == (13, 16)
+    z = torch.compile(into, fullgraph=True, backend=capture)(torch.empty(3, 16, **meta), torch.empty(24, 16, **meta),
+                                                             torch.empty(12, 24, **meta), torch.empty(12, 16, **meta))
+    assert z.shape == (12, 24)
+    assert len(graphs) == 2
+    calls = [[n for n in g.graph.nodes if n.op == "call_function"] for g in graphs]
+    ag = [n for n in calls[0] if "interlace.ag_gemm" in str(n.target)]
+    assert len(ag) == 1 and ag[0].args[2:] == (group.handle, [3, 3, 3, 4], WORLD, True), ag[0].args if ag else calls[0]
+    assert any("interlace.ag_gemm_into" in str(n.target) for n in calls[1]), calls[1]
