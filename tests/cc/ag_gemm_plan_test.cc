@@ -122,6 +122,9 @@ TEST(AgGemmPlan, ChunkRows) {
   EXPECT_EQ(ag_gemm_chunk_rows(rows, 16384, 132, 7), 7);
   EXPECT_THROW(ag_gemm_chunk_rows(make_ag_gemm_rows({1 << 22, 1}, 1), 16, 132, 7), Error);
   EXPECT_EQ(ag_gemm_chunk_rows(make_ag_gemm_rows({0, 0}, 1), 16, 132, 0), 1);
+  // A request past the largest shard is one chunk per shard (a huge one must not overflow chunk counts).
+  EXPECT_EQ(ag_gemm_chunk_rows(rows, 16384, 132, int64_t{1} << 62), 4096);
+  EXPECT_EQ(ag_gemm_chunk_rows(make_ag_gemm_rows({0, 0}, 1), 16, 132, 1000), 1);
 }
 
 TEST(AgGemmPlan, OwnerOfRowSkipsEmptyShards) {
@@ -138,6 +141,9 @@ TEST(AgGemmPlan, BadLayoutsRaise) {
   EXPECT_THROW(make_ag_gemm_rows({4, 4}, 2), Error);
   EXPECT_THROW(make_ag_gemm_rows(std::vector<int64_t>(kAgGemmMaxRanks + 1, 1), 0), Error);
   EXPECT_THROW(make_ag_gemm_rows({int64_t{1} << 30, int64_t{1} << 30}, 0), Error);
+  // Sums that would overflow 64 bits are refused as they grow, not after.
+  EXPECT_THROW(make_ag_gemm_rows({INT64_MAX, INT64_MAX, 1}, 0), Error);
+  EXPECT_NO_THROW(make_ag_gemm_rows({(int64_t{1} << 31) - 2, 1}, 0));
 }
 
 }  // namespace

@@ -15,7 +15,7 @@ namespace interlace {
 
 // Ranks that share an NVLink domain (a node, or an NVL72 rack). Flags are indexed by local rank.
 constexpr int kMaxLocalRanks = 72;
-// CTAs one op may use; op flags are kept per CTA so that CTAs never wait on each other.
+// CTAs one op may use (all_gather keeps its flags per CTA, so that its CTAs never wait on each other).
 constexpr int kMaxBlocks = 1024;
 
 // Ops with flags come first, one region of the signal pad each (kNumOpRegions).
@@ -82,7 +82,9 @@ struct DeviceFault {
 // queued (a CUDA graph included), and the kernels' way to report why they stopped.
 struct HostControl {
   int32_t abort;       // sticky: nonzero once the group is aborted; kernels check it on entry and in every wait
-  uint64_t cancelled;  // the number of the last op a kernel skipped because a peer's call of it failed its checks
+  // The number of the last op a kernel skipped because a peer's call of it failed its checks; op
+  // numbers are call numbers, since every call, a failed one too, takes its place in the op sequence.
+  uint64_t cancelled;
   DeviceFault fault;   // the first fault of this group
 };
 

@@ -114,4 +114,8 @@ GemmProblem check_gemm_args(const TensorView& a, const TensorView& b, const Tens
   return p;
 }
 
+bool overlap_2d(const TensorView& a, const TensorView& b) {
+  return byte_range(a, "a tensor").overlaps(byte_range(b, "a tensor"));
+}
+
 }  // namespace interlace

@@ -29,4 +29,8 @@ struct GemmProblem {
 // a's or b's (byte ranges from the lowest to the highest element, so interleaved views count).
 GemmProblem check_gemm_args(const TensorView& a, const TensorView& b, const TensorView& out, int device);
 
+// Whether two 2-D tensors share a byte, from the lowest to the highest element of each (strides
+// included, so interleaved views count).
+bool overlap_2d(const TensorView& a, const TensorView& b);
+
 }  // namespace interlace

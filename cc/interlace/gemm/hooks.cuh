@@ -1,4 +1,4 @@
-// The two places where a fused op changes the GEMM, and the plain GEMM's choices for them.
+// The places where a fused op changes the GEMM, and the plain GEMM's choices for them.
 //
 //   InputWait::wait(params, m_idx, n_idx)   producer, before loading a tile's A and B: e.g. wait for
 //     -> bool                               the A rows that another GPU is still sending; true loads

@@ -134,7 +134,7 @@ __device__ __forceinline__ bool whole_cluster_runs(int* mine, bool run) {
     return run;
   } else {
     if (threadIdx.x == 0) *mine = run ? 1 : 0;
-    cute::cluster_arrive_relaxed();
+    cute::cluster_arrive();  // release: the vote is visible to the cluster once the barrier completes
     cute::cluster_wait();
     bool all = true;
     for (int r = 0; r < kClusterM; ++r) {
@@ -150,7 +150,7 @@ __device__ __forceinline__ bool whole_cluster_runs(int* mine, bool run) {
       all = all && theirs != 0;
     }
     if (!all) {
-      cute::cluster_arrive_relaxed();
+      cute::cluster_arrive();
       cute::cluster_wait();
     }
     return all;

@@ -30,19 +30,59 @@ struct Launch {
   AgGemmShared shared;
   AgGemmOrder::Params order;
   int32_t num_tiles = 0;
-  int num_sms = 0;
-  int device = 0;
-  const void* dummy = nullptr;  // 16-byte aligned device memory of at least 128 bytes
+  int ctas = 0;                    // every cluster the GPU runs at once
+  const void* dummy = nullptr;     // 16-byte aligned device memory of at least 128 bytes
   const void* own_base = nullptr;  // where row 0 would be if this rank's shard were row start[me] of A
 };
 
+// One compiled kernel: element type, b's layout, tile width and consumer schedule.
 template <class Element, bool kBKMajor, int kTileN, bool kPingpong>
-void launch(const Launch& l, cudaStream_t stream) {
+struct Variant {
   using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, kPingpong>;
   using Epilogue = gemm_engine::StoreTile<Element>;
   using Params = gemm_engine::GemmParams<Config, AgGemmOrder, AgGemmInputWait, Epilogue, AgGemmPhases>;
-  auto kernel = gemm_engine::sm90_gemm_kernel<Config, AgGemmOrder, AgGemmInputWait, Epilogue, AgGemmPhases>;
-  Params params{};
+  static auto kernel() {
+    return gemm_engine::sm90_gemm_kernel<Config, AgGemmOrder, AgGemmInputWait, Epilogue, AgGemmPhases>;
+  }
+};
+
+// Calls f(Variant<...>{}) for the variant these settings select.
+template <class F>
+void with_variant(bool bf16, bool b_k_major, int tile_n, bool pingpong, F&& f) {
+  auto by_tile = [&](auto element, auto k_major) {
+    using E = decltype(element);
+    constexpr bool kK = decltype(k_major)::value;
+    if (pingpong) {
+      f(Variant<E, kK, 128, true>{});
+    } else if (tile_n == 256) {
+      f(Variant<E, kK, 256, false>{});
+    } else {
+      f(Variant<E, kK, 128, false>{});
+    }
+  };
+  auto by_layout = [&](auto element) {
+    b_k_major ? by_tile(element, std::true_type{}) : by_tile(element, std::false_type{});
+  };
+  bf16 ? by_layout(cutlass::bfloat16_t{}) : by_layout(cutlass::half_t{});
+}
+
+// The CTAs of a variant that the GPU runs at once. Each CTA's helpers push chunks that other CTAs,
+// here and on peers, wait for, so the kernel never launches more. Looked up once per device.
+template <class V>
+int resident_ctas(int device, int num_sms) {
+  static std::atomic<int> known[64] = {};
+  int ctas = device < 64 ? known[device].load() : 0;
+  if (ctas == 0) {
+    ctas = gemm_engine::resident_ctas<typename V::Config>(V::kernel(), num_sms);
+    if (device < 64) known[device].store(ctas);
+  }
+  return ctas;
+}
+
+template <class V>
+void launch(const Launch& l, cudaStream_t stream) {
+  using Config = typename V::Config;
+  typename V::Params params{};
   if (l.num_tiles > 0) {
     params.mainloop = gemm_engine::mainloop_params<Config>(l.problem, l.gathered, l.b);
     // This rank's rows in place: a descriptor of the same [M, K] whose row start[me] is the shard's
@@ -63,27 +103,13 @@ void launch(const Launch& l, cudaStream_t stream) {
   params.order = l.order;
   params.num_tiles = l.num_tiles;
   params.input_wait = l.shared;
-  params.epilogue = {static_cast<Element*>(l.out), l.problem.ldc};
+  params.epilogue = {static_cast<typename Config::Element*>(l.out), l.problem.ldc};
   params.phases = l.shared;
-  // Each CTA's helpers push chunks that other CTAs, here and on peers, wait for: all must be resident.
-  static std::atomic<int> resident[64] = {};
-  const int device = l.device;
-  int ctas = device < 64 ? resident[device].load() : 0;
-  if (ctas == 0) {
-    ctas = gemm_engine::resident_ctas<Config>(kernel, l.num_sms);
-    IL_CHECK(ctas >= Config::kClusterM, "ag_gemm: no cluster of the kernel fits on the GPU");
-    if (device < 64) resident[device].store(ctas);
-  }
-  gemm_engine::launch_kernel<Config>(kernel, params, ctas, stream);
+  gemm_engine::launch_kernel<Config>(V::kernel(), params, l.ctas, stream);
 }
 
 bool same_dtype(const TensorView& a, const TensorView& b) {
   return a.dtype.code == b.dtype.code && a.dtype.bits == b.dtype.bits && a.dtype.lanes == b.dtype.lanes;
-}
-
-bool overlaps(const TensorView& a, const TensorView& b) {
-  const auto lo_a = reinterpret_cast<uintptr_t>(a.data), lo_b = reinterpret_cast<uintptr_t>(b.data);
-  return a.nbytes() > 0 && b.nbytes() > 0 && lo_a < lo_b + b.nbytes() && lo_b < lo_a + a.nbytes();
 }
 
 // Every rank's rows, from shard_rows or even shards of out's M; checked against this rank's shard.
@@ -117,25 +143,30 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
   int tile_n = 0;
   bool copy_out = false;
   const uint64_t signature = call.agree([&] {
+    // Everything that can fail is checked here, before any GPU work, so that every rank raises.
     IL_CHECK(topo.num_nodes == 1, "ag_gemm: the group spans ", topo.num_nodes,
              " nodes; across nodes it needs the proxy transport, which is not built yet");
+    int major = 0, minor = 0;
+    IL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, group.device()));
+    IL_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, group.device()));
+    IL_CHECK(major == 9 && minor == 0, "ag_gemm: the engine needs a Hopper GPU (sm_90), this is sm_", major, minor);
     IL_CHECK(a_shard.shape.size() == 2, "ag_gemm: a_shard must be 2-D [rows, K], got ", a_shard.shape_string());
     IL_CHECK(out.shape.size() == 2, "ag_gemm: out must be 2-D [M, N], got ", out.shape_string());
     IL_CHECK(a_shard.contiguous(), "ag_gemm: a_shard must be contiguous (row-major)");
     IL_CHECK(a_shard.device.device_type == kDLCUDA && a_shard.device.device_id == group.device(),
              "ag_gemm: a_shard is on ", a_shard.device_string(), " but the group's GPU is cuda:", group.device());
-    IL_CHECK(a_shard.dtype.code == kDLBfloat || a_shard.dtype.code == kDLFloat,
+    IL_CHECK((a_shard.dtype.code == kDLBfloat || a_shard.dtype.code == kDLFloat) && a_shard.itemsize() == 2,
              "ag_gemm: a_shard must be bfloat16 or float16, got ", a_shard.dtype_name());
-    IL_CHECK(a_shard.itemsize() == 2, "ag_gemm: a_shard must be bfloat16 or float16, got ", a_shard.dtype_name());
     const int64_t k = a_shard.shape[1];
+    IL_CHECK(k <= kMaxGemmDim, "ag_gemm: K = ", k, " is past the engine's limit of 2^31 - 1024");
     const int64_t row_bytes = k * 2;
     IL_CHECK(row_bytes % 16 == 0, "ag_gemm: a_shard's rows are ", row_bytes,
              " bytes; they must be a multiple of 16 (K a multiple of 8)");
     IL_CHECK(reinterpret_cast<uintptr_t>(a_shard.data) % 16 == 0 || a_shard.nbytes() == 0,
              "ag_gemm: a_shard's data must be 16-byte aligned");
+    IL_CHECK(topo.world_size <= kAgGemmMaxRanks, "ag_gemm: at most ", kAgGemmMaxRanks, " ranks");
     const std::vector<int64_t> rows =
         rows_per_rank(shard_rows, out.shape[0], a_shard.shape[0], topo.rank, topo.world_size);
-    IL_CHECK(topo.world_size <= kAgGemmMaxRanks, "ag_gemm: at most ", kAgGemmMaxRanks, " ranks");
     const int64_t m = out.shape[0];
     if (gathered) {
       IL_CHECK(gathered->shape.size() == 2 && gathered->shape[0] == m && gathered->shape[1] == k,
@@ -145,11 +176,19 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
                " but a_shard has ", a_shard.dtype_name());
       IL_CHECK(gathered->device.device_type == kDLCUDA && gathered->device.device_id == group.device(),
                "ag_gemm: gathered is on ", gathered->device_string(), " but the group's GPU is cuda:", group.device());
-      IL_CHECK(!overlaps(*gathered, a_shard) && !overlaps(*gathered, out) && !overlaps(*gathered, b),
-               "ag_gemm: gathered overlaps a_shard, b or out; they must be separate memory");
     }
-    IL_CHECK(!overlaps(out, a_shard), "ag_gemm: out and a_shard overlap; they must be separate memory");
-    // Where the shards land: gathered itself when it is symmetric, else heap scratch.
+    IL_CHECK(tuning.tile_n == 0 || tuning.tile_n == 128 || tuning.tile_n == 256,
+             "ag_gemm: tile_n must be 0 (automatic), 128 or 256, got ", tuning.tile_n);
+    IL_CHECK(!tuning.pingpong || tuning.tile_n == 0 || tuning.tile_n == 128,
+             "ag_gemm: ping-pong tiles are 128 wide; tile_n=", tuning.tile_n, " needs pingpong=False");
+    IL_CHECK(tuning.band_m >= 0, "ag_gemm: band_m must be >= 0 (0: automatic)");
+    IL_CHECK(tuning.chunk_rows >= 0, "ag_gemm: chunk_rows must be >= 0 (0: automatic), got ", tuning.chunk_rows);
+    AgGemmShared& s = l.shared;
+    s.rows = make_ag_gemm_rows(rows, topo.local_rank, 128);
+    s.chunk_rows = ag_gemm_chunk_rows(s.rows, row_bytes, group.num_sms(), tuning.chunk_rows);
+
+    // Where the shards land: gathered itself when it is symmetric, else heap scratch. (Scratch grown
+    // here stays with the group even if a check below fails: growth is safe at any time.)
     const long long gathered_offset = gathered ? heap.offset_of(gathered->data, gathered->nbytes()) : -1;
     const uint64_t a_bytes = static_cast<uint64_t>(m) * row_bytes;
     const size_t landing = gathered_offset >= 0 ? static_cast<size_t>(gathered_offset)
@@ -163,40 +202,38 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
     a_full.device = a_shard.device;
     a_full.dtype = a_shard.dtype;
     a_full.shape = {m, k};
-    l.problem = check_gemm_args(a_full, b, out, group.device());
-    IL_CHECK(tuning.tile_n == 0 || tuning.tile_n == 128 || tuning.tile_n == 256,
-             "ag_gemm: tile_n must be 0 (automatic), 128 or 256, got ", tuning.tile_n);
-    IL_CHECK(!tuning.pingpong || tuning.tile_n == 0 || tuning.tile_n == 128,
-             "ag_gemm: ping-pong tiles are 128 wide; tile_n=", tuning.tile_n, " needs pingpong=False");
-    IL_CHECK(tuning.band_m >= 0, "ag_gemm: band_m must be >= 0 (0: automatic)");
-    IL_CHECK(tuning.chunk_rows >= 0, "ag_gemm: chunk_rows must be >= 0 (0: automatic), got ", tuning.chunk_rows);
+    l.problem = check_gemm_args(a_full, b, out, group.device());  // b and out against the gathered A
+    // Strides included: out or b may be views with row strides past their widths.
+    IL_CHECK(!overlap_2d(out, a_shard), "ag_gemm: out and a_shard overlap; they must be separate memory");
+    if (gathered) {
+      IL_CHECK(!overlap_2d(*gathered, a_shard) && !overlap_2d(*gathered, out) && !overlap_2d(*gathered, b),
+               "ag_gemm: gathered overlaps a_shard, b or out; they must be separate memory");
+    }
+
     tile_n = tuning.pingpong ? 128
              : tuning.tile_n ? tuning.tile_n
                              : choose_tile_n(m, l.problem.n, group.num_sms(), kClusterM);
     const int band_m = tuning.band_m ? tuning.band_m : tile_n == 256 ? 16 : 8;
     const TileGrid grid = tile_grid(m, l.problem.n, 128 * kClusterM, tile_n);
-    // All resident CTAs run (launch() counts them), even those without tiles: they push their share
-    // of the shard. The chunk plan assumes one per SM.
-    l.num_sms = group.num_sms();
-    l.device = group.device();
-    l.dummy = heap.local_base();  // the signal pad
+    with_variant(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
+                 [&](auto v) { l.ctas = resident_ctas<decltype(v)>(group.device(), group.num_sms()); });
+    IL_CHECK(l.ctas >= kClusterM, "ag_gemm: no cluster of the kernel fits on the GPU");
     l.num_tiles = l.problem.k == 0 ? 0 : grid.num_tiles();
     l.order = AgGemmOrder::make(make_ag_gemm_rows(rows, topo.local_rank, 128 * kClusterM), grid.tiles_n, band_m);
-    AgGemmShared& s = l.shared;
     for (int q = 0; q < topo.local_size(); ++q) s.transport.heaps[q] = heap.base(q);
     s.transport.local_rank = topo.local_rank;
     s.transport.local_size = topo.local_size();
     s.wait = device::WaitContext{topo.rank, OpId::kAgGemm, heap.pad(topo.local_rank), group.device_control(),
                                  group.timeout_ns()};
-    s.rows = make_ag_gemm_rows(rows, topo.local_rank, 128);
     s.shard = static_cast<const char*>(a_shard.data);
     s.gathered = landing;
     s.row_bytes = row_bytes;
-    s.chunk_rows = ag_gemm_chunk_rows(s.rows, row_bytes, l.num_sms, tuning.chunk_rows);
     // The in-place descriptor's base lies before the shard (never read there); it must not wrap.
+    const uintptr_t shard_address = reinterpret_cast<uintptr_t>(a_shard.data);
     const uint64_t before = static_cast<uint64_t>(s.rows.start[topo.local_rank]) * row_bytes;
-    s.own_in_place = a_shard.nbytes() > 0 && reinterpret_cast<uintptr_t>(a_shard.data) >= before;
-    l.own_base = static_cast<const char*>(a_shard.data) - (s.own_in_place ? before : 0);
+    s.own_in_place = a_shard.nbytes() > 0 && shard_address >= before;
+    l.own_base = reinterpret_cast<const void*>(shard_address - (s.own_in_place ? before : 0));
+    l.dummy = heap.local_base();  // the signal pad
     l.gathered = a_full.data;
     l.b = b.data;
     l.out = out.data;
@@ -205,29 +242,16 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
     return concat("ag_gemm(m=", m, ", k=", k, ", n=", l.problem.n, ", shards=[", shards, "], dtype=",
                   a_shard.dtype_name(), ", b=", l.problem.b_k_major ? "k-major" : "n-major", ", landing=", landing,
                   ", gathered=", gathered ? (copy_out ? "ordinary" : "symmetric") : "none", ", chunk_rows=",
-                  s.chunk_rows, ", tile_n=", tile_n, ", band_m=", band_m,
-                  ", pingpong=", tuning.pingpong, ")");
+                  s.chunk_rows, ", tile_n=", tile_n, ", band_m=", band_m, ", pingpong=", tuning.pingpong, ")");
   });
   l.shared.signature = signature;
-  const bool bf16 = l.problem.dtype == GemmDtype::kBf16;
   call.launch([&](cudaStream_t s) {
     // K = 0: an empty sum; the kernel still runs, for its place in the op sequence (no tiles).
     if (l.problem.k == 0 && l.problem.m > 0 && l.problem.n > 0) {
       IL_CUDA_CHECK(cudaMemset2DAsync(l.out, l.problem.ldc * 2, 0, l.problem.n * 2, l.problem.m, s));
     }
-    auto by_tile = [&](auto element, auto b_k_major) {
-      using E = decltype(element);
-      constexpr bool kK = decltype(b_k_major)::value;
-      if (tuning.pingpong) {
-        launch<E, kK, 128, true>(l, s);
-      } else {
-        tile_n == 256 ? launch<E, kK, 256, false>(l, s) : launch<E, kK, 128, false>(l, s);
-      }
-    };
-    auto by_layout = [&](auto element) {
-      l.problem.b_k_major ? by_tile(element, std::true_type{}) : by_tile(element, std::false_type{});
-    };
-    bf16 ? by_layout(cutlass::bfloat16_t{}) : by_layout(cutlass::half_t{});
+    with_variant(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
+                 [&](auto v) { launch<decltype(v)>(l, s); });
     if (copy_out) {
       IL_CUDA_CHECK(cudaMemcpyAsync(gathered->data, l.gathered, gathered->nbytes(), cudaMemcpyDeviceToDevice, s));
     }

@@ -17,9 +17,11 @@ AgGemmRows make_ag_gemm_rows(const std::vector<int64_t>& rows_per_rank, int rank
   r.tile_m = tile_m;
   for (int q = 0; q < world; ++q) {
     IL_CHECK(rows_per_rank[q] >= 0, "ag_gemm: rank ", q, "'s shard has ", rows_per_rank[q], " rows");
+    // Checked as it grows, so that the sum cannot overflow first.
+    IL_CHECK(rows_per_rank[q] < (int64_t{1} << 31) - r.start[q], "ag_gemm: the shards up to rank ", q,
+             " hold 2^31 rows or more, past the kernel's 32-bit tile counters");
     r.start[q + 1] = r.start[q] + rows_per_rank[q];
   }
-  IL_CHECK(r.m() < (int64_t{1} << 31), "ag_gemm: ", r.m(), " rows in all exceed the kernel's 32-bit tile counters");
   return r;
 }
 
@@ -40,19 +42,19 @@ AgGemmOrder::Params AgGemmOrder::make(const AgGemmRows& rows, int32_t tiles_n, i
   p.tiles_n = tiles_n;
   p.band_m = band_m;
   p.slots = rows.world;
-  const std::vector<int32_t> order = ag_gemm_tile_row_order(rows);
-  size_t i = 0;
-  for (int32_t s = 0; s < rows.world; ++s) {
-    const size_t begin = i;
-    p.first_position[s] = static_cast<int32_t>(i) * tiles_n;
-    p.first_row[s] = i < order.size() ? order[i] : 0;
-    for (; i < order.size() && rows.slot_of(order[i]) == s; ++i) {
-      IL_CHECK(order[i] == p.first_row[s] + static_cast<int32_t>(i - begin), "ag_gemm: slot ", s,
-               "'s tile rows are not contiguous");
-    }
+  // One pass over the tile rows (this runs on every call): each slot's first row and count.
+  int32_t count[kAgGemmMaxRanks] = {};
+  for (int32_t t = 0; t < rows.tiles_m(); ++t) {
+    const int32_t s = rows.slot_of(t);
+    if (count[s]++ == 0) p.first_row[s] = t;
+    IL_CHECK(t == p.first_row[s] + count[s] - 1, "ag_gemm: slot ", s, "'s tile rows are not contiguous");
   }
-  p.first_position[rows.world] = static_cast<int32_t>(i) * tiles_n;
-  for (int32_t s = rows.world + 1; s <= kAgGemmMaxRanks; ++s) p.first_position[s] = p.first_position[rows.world];
+  int32_t position = 0;
+  for (int32_t s = 0; s < rows.world; ++s) {
+    p.first_position[s] = position;
+    position += count[s] * tiles_n;
+  }
+  for (int32_t s = rows.world; s <= kAgGemmMaxRanks; ++s) p.first_position[s] = position;
   return p;
 }
 
@@ -63,7 +65,7 @@ int64_t ag_gemm_chunk_rows(const AgGemmRows& rows, int64_t row_bytes, int ctas, 
   if (requested > 0) {
     IL_CHECK(requested >= fewest, "ag_gemm: chunk_rows=", requested, " cuts a shard of ", largest, " rows into more than ",
              kAgGemmMaxChunks, " chunks; use at least ", fewest);
-    return requested;
+    return std::min(requested, std::max<int64_t>(largest, 1));  // one chunk per shard at most: no overflow
   }
   const int64_t by_bytes = std::max<int64_t>(1, (int64_t{256} << 10) / std::max<int64_t>(row_bytes, 1));
   const int64_t by_ctas = std::max<int64_t>(1, (largest + 2 * ctas - 1) / (2 * std::max(ctas, 1)));

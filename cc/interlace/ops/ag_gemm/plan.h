@@ -4,8 +4,8 @@
 //
 // Shards may be uneven (a shard of 1 row, a rank with none), so a 128-row tile row can span several
 // shards. The order is by shard: this rank's own shard first (no wait), then the peers' in the order
-// their shards arrive (all_gather pushes to rank + 1 first, so rank r hears from r - 1 first, then
-// r - 2, ...). A tile row spanning shards is computed with the shard that arrives last among them,
+// their shards arrive (ag_gemm's helpers push to rank + 1 first, so rank r hears from r - 1 first,
+// then r - 2, ...). A tile row spanning shards is computed with the shard that arrives last among them,
 // so its wait is never longer than its neighbours'. Everything is closed form over a per-rank table
 // small enough for kernel parameters, so nothing is uploaded per shape.
 //
@@ -99,7 +99,8 @@ struct AgGemmOrder {
 };
 
 // Rows per chunk: chunks of about 256 KiB, at least two per CTA of `ctas` where shards are small
-// (so that every CTA's helpers push), at most kAgGemmMaxChunks per shard. `requested` > 0 overrides.
+// (so that every CTA's helpers push), at most kAgGemmMaxChunks per shard. `requested` > 0 overrides
+// (no more than the largest shard).
 int64_t ag_gemm_chunk_rows(const AgGemmRows& rows, int64_t row_bytes, int ctas, int64_t requested);
 
 // The tile rows in visiting order: slot by slot (this rank's shard, then peers' as they arrive),
