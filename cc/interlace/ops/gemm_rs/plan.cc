@@ -1,0 +1,224 @@
+#include "interlace/ops/gemm_rs/plan.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "interlace/base/error.h"
+
+namespace interlace {
+
+GemmRsRows make_gemm_rs_rows(const std::vector<int64_t>& rows_per_rank, int rank, int tile_m) {
+  const int world = static_cast<int>(rows_per_rank.size());
+  IL_CHECK(world >= 1 && world <= kGemmRsMaxRanks, "gemm_rs: 1 to ", kGemmRsMaxRanks, " ranks, got ", world);
+  IL_CHECK(rank >= 0 && rank < world, "gemm_rs: rank ", rank, " is out of range for ", world, " ranks");
+  IL_CHECK(tile_m > 0, "gemm_rs: tile_m must be positive, got ", tile_m);
+  GemmRsRows r;
+  r.world = world;
+  r.rank = rank;
+  r.tile_m = tile_m;
+  for (int q = 0; q < world; ++q) {
+    IL_CHECK(rows_per_rank[q] >= 0 && rows_per_rank[q] < (int64_t{1} << 31), "gemm_rs: rank ", q, " owns ",
+             rows_per_rank[q], " rows");
+    r.start[q + 1] = r.start[q] + rows_per_rank[q];
+  }
+  IL_CHECK(r.m() < (int64_t{1} << 31), "gemm_rs: ", r.m(), " rows in all exceed the kernel's 32-bit tile counters");
+  return r;
+}
+
+std::vector<int64_t> gemm_ar_rows_per_rank(int64_t m, int world, int tile_m) {
+  IL_CHECK(world >= 1 && world <= kGemmRsMaxRanks, "gemm_ar: 1 to ", kGemmRsMaxRanks, " ranks, got ", world);
+  IL_CHECK(m >= 0 && tile_m > 0, "gemm_ar: bad rows (m ", m, ", tile_m ", tile_m, ")");
+  const int64_t tiles = (m + tile_m - 1) / tile_m;
+  std::vector<int64_t> rows(world);
+  int64_t begin = 0;
+  for (int q = 0; q < world; ++q) {
+    const int64_t end = std::min(m, (q + 1) * (tiles / world) * tile_m + std::min<int64_t>(q + 1, tiles % world) * tile_m);
+    rows[q] = end - begin;
+    begin = end;
+  }
+  return rows;
+}
+
+std::vector<int32_t> gemm_rs_tile_row_order(const GemmRsRows& rows) {
+  std::vector<int32_t> order;
+  order.reserve(rows.tiles_m());
+  for (int32_t slot = 0; slot < rows.world; ++slot) {
+    for (int32_t t = 0; t < rows.tiles_m(); ++t) {
+      if (rows.send_slot(t) == slot) order.push_back(t);
+    }
+  }
+  return order;
+}
+
+GemmRsOrder::Params GemmRsOrder::make(const GemmRsRows& rows, int32_t tiles_n, int32_t band_m) {
+  IL_CHECK(tiles_n >= 0 && band_m >= 1, "gemm_rs: bad tile order (tiles_n ", tiles_n, ", band_m ", band_m, ")");
+  IL_CHECK(static_cast<int64_t>(rows.tiles_m()) * tiles_n <= kMaxGemmTiles, "gemm_rs: ", rows.tiles_m(), " x ",
+           tiles_n, " tiles exceed the engine's ", kMaxGemmTiles);
+  Params p;
+  p.tiles_n = tiles_n;
+  p.band_m = band_m;
+  p.slots = rows.world;
+  const std::vector<int32_t> order = gemm_rs_tile_row_order(rows);
+  size_t i = 0;
+  for (int32_t s = 0; s < rows.world; ++s) {
+    const size_t begin = i;
+    p.first_position[s] = static_cast<int32_t>(i) * tiles_n;
+    p.first_row[s] = i < order.size() ? order[i] : 0;
+    for (; i < order.size() && rows.send_slot(order[i]) == s; ++i) {
+      IL_CHECK(order[i] == p.first_row[s] + static_cast<int32_t>(i - begin), "gemm_rs: slot ", s,
+               "'s tile rows are not contiguous");
+    }
+  }
+  for (int32_t s = rows.world; s <= kGemmRsMaxRanks; ++s) p.first_position[s] = static_cast<int32_t>(i) * tiles_n;
+  return p;
+}
+
+GemmRsPlan make_gemm_rs_plan(const GemmRsRows& rows, int64_t n, int tile_n, GemmRsKind kind, GemmRsPath path,
+                             GemmRsPartials partials, int reduce_band_m) {
+  const char* op = kind == GemmRsKind::kAllReduce ? "gemm_ar" : "gemm_rs";
+  IL_CHECK(n >= 0 && tile_n > 0, op, ": bad output columns (n ", n, ", tile_n ", tile_n, ")");
+  IL_CHECK(path == GemmRsPath::kThroughput || path == GemmRsPath::kOneShot, op,
+           ": the plan needs a path (choose_gemm_rs_path decides kAuto)");
+  IL_CHECK(reduce_band_m >= 1, op, ": reduce_band_m must be >= 1, got ", reduce_band_m);
+  GemmRsPlan p;
+  p.rows = rows;
+  p.tile_n = tile_n;
+  const int64_t tiles_n = (n + tile_n - 1) / tile_n;
+  IL_CHECK(tiles_n <= kMaxGemmTiles, op, ": ", n, " columns make too many tiles");
+  p.tiles_n = static_cast<int32_t>(tiles_n);
+  p.partial_bytes = partials == GemmRsPartials::kFp32 ? 4 : 2;
+  p.every_rank_reduces = kind == GemmRsKind::kAllReduce && path == GemmRsPath::kOneShot;
+  p.broadcast = kind == GemmRsKind::kAllReduce && path == GemmRsPath::kThroughput;
+  p.reduce_band_m = reduce_band_m;
+  if (p.broadcast) {
+    // A reduced tile has one owner, so one sender and one flag (gemm_ar_rows_per_rank does this).
+    for (int q = 1; q < rows.world; ++q) {
+      IL_CHECK(rows.start[q] % rows.tile_m == 0 || rows.start[q] == rows.m(), op, ": rank ", q,
+               "'s rows start at ", rows.start[q], ", inside a tile row of ", rows.tile_m,
+               "; gemm_ar's owners own whole tile rows (gemm_ar_rows_per_rank)");
+    }
+  }
+  // Flags a receiver needs, in 64 bits before the check; staging is sized for the busiest receiver.
+  int64_t most_rows = 0;
+  int32_t busiest = 0;
+  for (int32_t q = 0; q < rows.world; ++q) {
+    if (p.reduced_rows(q) > most_rows) {
+      most_rows = p.reduced_rows(q);
+      busiest = q;
+    }
+  }
+  const int64_t partial_flags = int64_t{rows.world} * most_rows * tiles_n;
+  const int64_t flags = partial_flags + (p.broadcast ? int64_t{rows.tiles_m()} * tiles_n : 0);
+  IL_CHECK(flags <= kGemmRsMaxFlags, op, ": rank ", busiest, " sums ", most_rows, " x ", tiles_n, " tiles of ",
+           rows.tile_m, " x ", tile_n, " from ", rows.world, " ranks", p.broadcast ? ", and receives every reduced tile" : "",
+           ": ", flags, " flags, more than the ", kGemmRsMaxFlags, " that fit the op's ", kOpRegionBytes >> 10,
+           " KiB flag region; use wider tiles (tile_n=256) or split the call along M or N");
+  p.partial_flags = static_cast<int32_t>(partial_flags);
+  p.flags = static_cast<int32_t>(flags);
+  p.tile_bytes = static_cast<uint64_t>(rows.tile_m) * tile_n * p.partial_bytes;
+  p.staging_bytes = static_cast<uint64_t>(partial_flags) * p.tile_bytes;
+  return p;
+}
+
+GemmRsPath choose_gemm_rs_path(int64_t m, int64_t n, int64_t k, int world, GemmRsKind kind, GemmRsPartials partials,
+                               int num_sms, int tile_n, GemmRsPathRule rule) {
+  IL_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm_rs: bad shape (m ", m, ", n ", n, ", k ", k, ")");
+  IL_CHECK(world >= 1 && world <= kGemmRsMaxRanks, "gemm_rs: 1 to ", kGemmRsMaxRanks, " ranks, got ", world);
+  IL_CHECK(num_sms >= 2 && tile_n > 0, "gemm_rs: bad GPU or tile (num_sms ", num_sms, ", tile_n ", tile_n, ")");
+  if (rule.path != GemmRsPath::kAuto) return rule.path;
+  if (m > rule.one_shot_max_m) return GemmRsPath::kThroughput;
+  const int64_t cluster_tiles = (m + kGemmRsClusterTileM - 1) / kGemmRsClusterTileM * ((n + tile_n - 1) / tile_n);
+  if (cluster_tiles > num_sms / 2) return GemmRsPath::kThroughput;  // more than one wave: overlap pays
+  if (kind == GemmRsKind::kAllReduce) {
+    // m <= one_shot_max_m and n within one wave of tiles, so this cannot overflow.
+    const uint64_t push = static_cast<uint64_t>(world - 1) * m * n * (partials == GemmRsPartials::kFp32 ? 4 : 2);
+    if (push > rule.one_shot_max_push_bytes) return GemmRsPath::kThroughput;
+  }
+  return GemmRsPath::kOneShot;
+}
+
+namespace {
+
+// Splits one share over CTAs and rounds of chunks, as plan_all_gather does.
+void plan_chunks(const char* op, ReducePlan& plan, int resident_blocks, const ReduceTuning& tuning) {
+  const int most = std::min(resident_blocks, kMaxBlocks);
+  IL_CHECK(most >= 1, op, ": no CTA of the kernel fits on the GPU");
+  IL_CHECK(tuning.num_blocks >= 0 && tuning.num_blocks <= most, op, ": num_blocks must be in [0, ", most,
+           "] (the CTAs that fit on the GPU at once: they wait on each other across GPUs), got ", tuning.num_blocks);
+  IL_CHECK(tuning.chunk_bytes % 16 == 0 && tuning.chunk_bytes <= (uint64_t{1} << 30), op,
+           ": chunk_bytes must be a multiple of 16 and at most 1 GiB (offsets within a chunk are 32-bit), got ",
+           tuning.chunk_bytes);
+  const uint64_t share = plan.share_bytes;
+  plan.num_blocks = tuning.num_blocks;
+  if (plan.num_blocks == 0) {
+    const uint64_t by_size = (share + kReduceMinChunk - 1) / kReduceMinChunk;
+    plan.num_blocks = static_cast<int32_t>(std::clamp<uint64_t>(by_size, 1, static_cast<uint64_t>(most)));
+  }
+  plan.chunk_bytes = tuning.chunk_bytes;
+  if (plan.chunk_bytes == 0) {
+    const uint64_t per_block = (share + plan.num_blocks - 1) / plan.num_blocks;
+    plan.chunk_bytes = std::clamp<uint64_t>((per_block + 15) / 16 * 16, kReduceMinChunk, kReduceMaxChunk);
+  }
+  const uint64_t per_round = plan.chunk_bytes * plan.num_blocks;
+  const uint64_t rounds = share / per_round + (share % per_round != 0);
+  // The kernel numbers chunks round * num_blocks + block in 32 bits.
+  IL_CHECK(rounds <= ((uint64_t{1} << 31) - 1) / plan.num_blocks, op, ": a share of ", share, " bytes in chunks of ",
+           plan.chunk_bytes, " over ", plan.num_blocks, " CTAs needs ", rounds,
+           " rounds, more chunks than the kernel's 32-bit chunk counter allows; pass a larger chunk_bytes");
+  plan.rounds = static_cast<int32_t>(rounds);
+  IL_CHECK(share <= std::numeric_limits<uint64_t>::max() / plan.world, op, ": ", plan.world, " staging slots of ",
+           share, " bytes overflow 64 bits");
+  plan.staging_bytes = share * plan.world;
+}
+
+void check_message(const char* op, int element_bytes, int world) {
+  IL_CHECK(element_bytes == 2 || element_bytes == 4, op, ": elements of 2 or 4 bytes, got ", element_bytes);
+  IL_CHECK(world >= 1 && world <= kMaxLocalRanks, op, ": 1 to ", kMaxLocalRanks, " ranks, got ", world);
+}
+
+}  // namespace
+
+ReducePlan plan_reduce_scatter(uint64_t out_bytes, int element_bytes, int world, int resident_blocks,
+                               ReduceTuning tuning) {
+  check_message("reduce_scatter", element_bytes, world);
+  IL_CHECK(out_bytes % element_bytes == 0, "reduce_scatter: ", out_bytes, " bytes is not a whole number of ",
+           element_bytes, "-byte elements");
+  IL_CHECK(tuning.algorithm == ReduceAlgorithm::kAuto || tuning.algorithm == ReduceAlgorithm::kReduceScatter,
+           "reduce_scatter: it has one algorithm; leave algorithm automatic");
+  IL_CHECK(out_bytes <= std::numeric_limits<uint64_t>::max() / world, "reduce_scatter: ", world, " shares of ",
+           out_bytes, " bytes overflow 64 bits");
+  ReducePlan plan;
+  plan.world = world;
+  plan.algorithm = ReduceAlgorithm::kReduceScatter;
+  plan.bytes = out_bytes * world;
+  IL_CHECK(out_bytes % 16 == 0, "reduce_scatter: a share of ", out_bytes,
+           " bytes must be a multiple of 16 (rows of 16-byte multiples), so that 16-byte vectors stay aligned");
+  plan.share_bytes = out_bytes;
+  plan_chunks("reduce_scatter", plan, resident_blocks, tuning);
+  return plan;
+}
+
+ReducePlan plan_all_reduce(uint64_t bytes, int element_bytes, int world, int resident_blocks, ReduceTuning tuning) {
+  check_message("all_reduce", element_bytes, world);
+  IL_CHECK(bytes % element_bytes == 0, "all_reduce: ", bytes, " bytes is not a whole number of ", element_bytes,
+           "-byte elements");
+  IL_CHECK(tuning.algorithm == ReduceAlgorithm::kAuto || tuning.algorithm == ReduceAlgorithm::kOneShot ||
+               tuning.algorithm == ReduceAlgorithm::kTwoShot,
+           "all_reduce: algorithm must be automatic, one-shot or two-shot");
+  ReducePlan plan;
+  plan.world = world;
+  plan.bytes = bytes;
+  plan.algorithm = tuning.algorithm;
+  if (plan.algorithm == ReduceAlgorithm::kAuto) {
+    const bool small = bytes <= kAllReduceOneShotMaxPushBytes / std::max(world - 1, 1);
+    plan.algorithm = small ? ReduceAlgorithm::kOneShot : ReduceAlgorithm::kTwoShot;
+  }
+  // Two-shot: world shares of a 16-byte multiple, the last ones shorter or empty. One-shot: every
+  // rank reduces the whole message. Both sum in rank order, so they give the same bits.
+  const uint64_t even = bytes / world + (bytes % world != 0);
+  plan.share_bytes = plan.algorithm == ReduceAlgorithm::kOneShot ? bytes : even + (16 - even % 16) % 16;
+  plan_chunks("all_reduce", plan, resident_blocks, tuning);
+  return plan;
+}
+
+}  // namespace interlace

@@ -1,0 +1,280 @@
+// Host and device plan of gemm_rs and gemm_ar (issue 9: fused GEMM+ReduceScatter and GEMM+AllReduce)
+// and of the standalone reduce_scatter and all_reduce. Groundwork: the kernels that execute it come
+// later; everything here is CPU-tested (tests/cc/gemm_rs_plan_test.cc).
+//
+// K is split across ranks, so every rank computes a partial of EVERY output tile. Rank r owns the
+// output rows [start[r], start[r + 1]) (uneven blocks, empty ones allowed); each partial tile goes to
+// the owners of its rows, which sum the world's partials in fp32, in rank order, and round once.
+//
+// - Tile order (GemmRsOrder): rank me computes the block of owner me + 1 first, then me + 2, ...,
+//   its own block last. At any moment different ranks then send to different owners (with even
+//   blocks, slot j of rank s feeds owner s + 1 + j: a permutation, so every owner's NVLink ingress
+//   carries one stream), and the partial each owner gets last is its own, which crosses no link: the
+//   tail after the GEMM is the reduction alone, not a transfer. A tile row spanning several owners
+//   goes in the earliest of their slots, so no owner waits for it past its block's turn. Within a
+//   slot, bands of tile rows for L2 reuse, as BandedOrder.
+// - Flags and staging (GemmRsPlan): on each receiver, one flag and one staging tile per (tile it
+//   reduces, sender), numbered tile-major, sender-minor, so a tile's world flags and partials lie
+//   together. A staging tile is one contiguous tile_m x tile_n block: the epilogue can push it with a
+//   single bulk copy from shared memory (no tensor map per peer), and the reducer reads world
+//   contiguous blocks. A tile spanning owners is pushed whole to each; rows outside an owner's block
+//   land unused. Staging is the same size on every rank (symmetric heap).
+// - Partials in fp32 (the default) keep the issue's "summed in fp32, rounded once" exactly, at twice
+//   the NVLink bytes and staging of partials in the input dtype; the input dtype rounds each partial
+//   once more (still deterministic and identical on every rank). Every partial, the owner's own
+//   included, is rounded to the staging type before the sum, so both paths give the same bits.
+// - Paths (choose_gemm_rs_path): throughput (owners reduce while the GEMM runs; gemm_ar's owners
+//   then push each reduced tile to every rank) or one-shot for decode (partials go to every rank that
+//   needs the sum, each sums once its GEMM is done; gemm_ar needs no second hop).
+//
+// Everything the kernel evaluates is closed form over tables that fit in kernel parameters, so
+// nothing is uploaded per shape and a first call can be captured in a CUDA graph.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "interlace/base/host_device.h"
+#include "interlace/device/signal_pad.h"
+#include "interlace/gemm/tile_plan.h"
+
+namespace interlace {
+
+constexpr int kGemmRsMaxRanks = 72;
+static_assert(kGemmRsMaxRanks <= kMaxLocalRanks, "every rank needs a local rank (NVLink) for now");
+// Flags are 64-bit op numbers (a flag holds the number of the last call whose data landed: values
+// only grow, so nothing is reset and graphs replay), so an op's 1 MiB region holds this many.
+constexpr int32_t kGemmRsMaxFlags = static_cast<int32_t>(kOpRegionBytes / sizeof(uint64_t));
+// The engine's cluster tiles are 2 x 128 rows: the order walks them, flags and staging count the
+// 128-row CTA tiles.
+constexpr int32_t kGemmRsTileM = 128;
+constexpr int32_t kGemmRsClusterTileM = 2 * kGemmRsTileM;
+
+// Which rows each rank owns, in tile rows of tile_m.
+struct GemmRsRows {
+  int32_t world = 1;
+  int32_t rank = 0;
+  int32_t tile_m = kGemmRsTileM;
+  int64_t start[kGemmRsMaxRanks + 1] = {};  // rank q owns rows [start[q], start[q + 1])
+
+  IL_HOST_DEVICE int64_t m() const { return start[world]; }
+  IL_HOST_DEVICE int32_t tiles_m() const { return static_cast<int32_t>((m() + tile_m - 1) / tile_m); }
+  IL_HOST_DEVICE int64_t rows_of(int32_t q) const { return start[q + 1] - start[q]; }
+
+  // The owner of row `row` (0 <= row < m()): the last q with start[q] <= row, never an empty block.
+  IL_HOST_DEVICE int32_t owner_of_row(int64_t row) const {
+    int32_t lo = 0, hi = world - 1;
+    while (lo < hi) {
+      const int32_t mid = (lo + hi + 1) / 2;
+      if (start[mid] <= row) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    return lo;
+  }
+
+  // Tile row t's rows belong to owners first_owner(t) .. last_owner(t); those between may be empty.
+  IL_HOST_DEVICE int32_t first_owner(int32_t t) const { return owner_of_row(static_cast<int64_t>(t) * tile_m); }
+  IL_HOST_DEVICE int32_t last_owner(int32_t t) const {
+    const int64_t end = static_cast<int64_t>(t + 1) * tile_m;
+    return owner_of_row((end < m() ? end : m()) - 1);
+  }
+
+  // The tile rows that touch q's block: first_tile_row(q) .. + tile_rows_of(q) - 1 (none if empty).
+  IL_HOST_DEVICE int32_t first_tile_row(int32_t q) const { return static_cast<int32_t>(start[q] / tile_m); }
+  IL_HOST_DEVICE int32_t tile_rows_of(int32_t q) const {
+    if (rows_of(q) == 0) return 0;
+    return static_cast<int32_t>((start[q + 1] - 1) / tile_m - start[q] / tile_m + 1);
+  }
+
+  // When this rank computes q's block: 0 for rank + 1, 1 for rank + 2, ..., world - 1 for itself.
+  IL_HOST_DEVICE int32_t send_position(int32_t q) const { return (q - rank - 1 + 2 * world) % world; }
+
+  // The slot tile row t is computed in: the earliest send position among the owners it touches.
+  IL_HOST_DEVICE int32_t send_slot(int32_t t) const {
+    int32_t earliest = world;
+    for (int32_t q = first_owner(t); q <= last_owner(t); ++q) {
+      if (rows_of(q) > 0 && send_position(q) < earliest) earliest = send_position(q);
+    }
+    return earliest;
+  }
+};
+
+// The producing GEMM's order over (cluster tile row, tile column), a GEMM engine Order policy
+// (gemm/tile_plan.h): slot by slot (owner rank + 1's block first, this rank's own last), and within
+// a slot, whose tile rows are one contiguous range, BandedOrder's bands.
+struct GemmRsOrder {
+  struct Params {
+    int32_t tiles_n = 0;
+    int32_t band_m = 1;
+    int32_t slots = 1;
+    int32_t first_position[kGemmRsMaxRanks + 1] = {};  // slot s: positions [first_position[s], first_position[s + 1])
+    int32_t first_row[kGemmRsMaxRanks] = {};           // slot s: tile rows first_row[s] ...
+  };
+
+  // rows.tile_m is the height of the tiles the order walks (a cluster's, kGemmRsClusterTileM).
+  static Params make(const GemmRsRows& rows, int32_t tiles_n, int32_t band_m);
+
+  IL_HOST_DEVICE static inline void tile(const Params& p, int32_t i, int32_t& m_idx, int32_t& n_idx) {
+    int32_t s = 0;
+    while (i >= p.first_position[s + 1]) ++s;
+    const int32_t begin = p.first_position[s];
+    const int32_t tiles_m = (p.first_position[s + 1] - begin) / p.tiles_n;
+    const BandedOrder::Params slot{tiles_m, p.tiles_n, p.band_m < tiles_m ? p.band_m : tiles_m};
+    BandedOrder::tile(slot, i - begin, m_idx, n_idx);
+    m_idx += p.first_row[s];
+  }
+};
+
+enum class GemmRsKind : int32_t { kReduceScatter = 0, kAllReduce = 1 };  // gemm_rs, gemm_ar
+enum class GemmRsPath : int32_t { kAuto = 0, kThroughput = 1, kOneShot = 2 };
+enum class GemmRsPartials : int32_t { kFp32 = 0, kInputDtype = 1 };  // the staging type of partials
+
+// Flags and staging of one call on this rank (rows.rank), in CTA tiles (rows.tile_m x tile_n).
+struct GemmRsPlan {
+  GemmRsRows rows;
+  int32_t tile_n = 128;
+  int32_t tiles_n = 0;
+  int32_t partial_bytes = 4;        // 4: fp32 partials; 2: the input dtype's
+  bool every_rank_reduces = false;  // gemm_ar one-shot: every rank receives and sums every tile
+  bool broadcast = false;           // gemm_ar throughput: owners push each reduced tile to every rank
+  int32_t reduce_band_m = 1;        // the reducer's bands, in tile rows
+  int32_t partial_flags = 0;        // flags [0, partial_flags) of a receiver's region: one per (tile, sender)
+  int32_t flags = 0;                // then, with broadcast, one per output tile: reduced_flag()
+  uint64_t tile_bytes = 0;          // one staging tile: tile_m x tile_n partials, row-major
+  uint64_t staging_bytes = 0;       // partial_flags tiles; the same on every rank
+
+  // The tile rows receiver q sums: first_reduced_row(q) .. + reduced_rows(q) - 1.
+  IL_HOST_DEVICE int32_t first_reduced_row(int32_t q) const { return every_rank_reduces ? 0 : rows.first_tile_row(q); }
+  IL_HOST_DEVICE int32_t reduced_rows(int32_t q) const {
+    return every_rank_reduces ? rows.tiles_m() : rows.tile_rows_of(q);
+  }
+  // Whether a sender pushes its partials of tile row m_idx to rank q.
+  IL_HOST_DEVICE bool receives(int32_t q, int32_t m_idx) const {
+    return m_idx >= first_reduced_row(q) && m_idx < first_reduced_row(q) + reduced_rows(q);
+  }
+
+  // Sender s's partial of tile (m_idx, n_idx) on receiver q: its flag and its staging tile.
+  IL_HOST_DEVICE int32_t partial_slot(int32_t q, int32_t s, int32_t m_idx, int32_t n_idx) const {
+    return ((m_idx - first_reduced_row(q)) * tiles_n + n_idx) * rows.world + s;
+  }
+  IL_HOST_DEVICE uint64_t staging_offset(int32_t q, int32_t s, int32_t m_idx, int32_t n_idx) const {
+    return static_cast<uint64_t>(partial_slot(q, s, m_idx, n_idx)) * tile_bytes;
+  }
+  // With broadcast: the flag, on every rank, of the reduced tile (m_idx, n_idx) from its owner.
+  IL_HOST_DEVICE int32_t reduced_flag(int32_t m_idx, int32_t n_idx) const {
+    return partial_flags + m_idx * tiles_n + n_idx;
+  }
+
+  // The reducer's walk on this rank: position i of reduced_rows(rank) * tiles_n to a tile, in bands
+  // as the senders produce them.
+  IL_HOST_DEVICE void reduce_tile(int32_t i, int32_t& m_idx, int32_t& n_idx) const {
+    const int32_t tiles_m = reduced_rows(rows.rank);
+    const BandedOrder::Params bands{tiles_m, tiles_n, reduce_band_m < tiles_m ? reduce_band_m : tiles_m};
+    BandedOrder::tile(bands, i, m_idx, n_idx);
+    m_idx += first_reduced_row(rows.rank);
+  }
+};
+
+// Small enough that the plan and the order leave most of the 4 KiB of kernel parameters to the engine.
+static_assert(sizeof(GemmRsPlan) <= 1024 && sizeof(GemmRsOrder::Params) <= 1024, "plan tables outgrew kernel parameters");
+
+// The owner's sum of one element: the world's partials in rank order 0, 1, ..., world - 1, in fp32,
+// whatever order they arrived in. fp32 addition is not associative, so this fixed order is what
+// makes the result bitwise equal run to run and, for gemm_ar and all_reduce, on every rank (each
+// sums the same values in the same order). The sum starts from partial 0, not 0.0f, which would turn
+// -0 into +0. partial(s) returns sender s's value as float.
+template <class Partial>
+IL_HOST_DEVICE inline float sum_in_rank_order(int32_t world, const Partial& partial) {
+  float sum = partial(0);
+  for (int32_t s = 1; s < world; ++s) sum += partial(s);
+  return sum;
+}
+
+// Rows per rank (any may be 0; 1 to kGemmRsMaxRanks ranks) into the plan's table.
+GemmRsRows make_gemm_rs_rows(const std::vector<int64_t>& rows_per_rank, int rank, int tile_m = kGemmRsTileM);
+
+// gemm_ar's owners: out is whole on every rank, so the plan picks who reduces what: whole tile rows
+// of tile_m, as even as possible, so that every output tile has one owner (its broadcast has one
+// sender and one flag).
+std::vector<int64_t> gemm_ar_rows_per_rank(int64_t m, int world, int tile_m = kGemmRsTileM);
+
+// The plan of one call. rows.tile_m is the CTA tile's height; tile_n its width; n the output's
+// columns. Raises when the flags exceed kGemmRsMaxFlags (see DESIGN.md for the limit and remedies).
+GemmRsPlan make_gemm_rs_plan(const GemmRsRows& rows, int64_t n, int tile_n, GemmRsKind kind, GemmRsPath path,
+                             GemmRsPartials partials, int reduce_band_m = 16);
+
+// The tile rows in the producing GEMM's order: slot by slot, ascending within a slot. Host
+// reference; GemmRsOrder walks the same order in closed form.
+std::vector<int32_t> gemm_rs_tile_row_order(const GemmRsRows& rows);
+
+// Path rule, a starting point to be tuned on the GPU: its numbers are placeholders, not measurements.
+struct GemmRsPathRule {
+  GemmRsPath path = GemmRsPath::kAuto;                // anything else forces that path
+  int64_t one_shot_max_m = 256;                       // the issue's decode range
+  uint64_t one_shot_max_push_bytes = uint64_t{16} << 20;  // gemm_ar: what one rank pushes on the one-shot path
+};
+
+// One-shot when M is in the decode range, every cluster tile runs in the first wave (the partials
+// are then all ready at about the same time: nothing for per-tile overlap to hide, only per-tile
+// flags to pay) and, for gemm_ar, the one-shot push ((world - 1) partials of M x N) is small.
+// Otherwise throughput. k is not used by the starting rule; the GEMM's length decides how much
+// transfer the throughput path hides, which the GPU tuning may fold in.
+GemmRsPath choose_gemm_rs_path(int64_t m, int64_t n, int64_t k, int world, GemmRsKind kind, GemmRsPartials partials,
+                               int num_sms, int tile_n = 128, GemmRsPathRule rule = {});
+
+// ---- The standalone reduce_scatter and all_reduce -------------------------------------------
+//
+// A message is cut into shares: rank q reduces share q, whose partials every sender pushes into a
+// slot of q's staging (symmetric; sender s at s * share_bytes), in chunks as all_gather's: chunk
+// c = round * num_blocks + block covers [c, c + 1) * chunk_bytes of a share, one counter per
+// (CTA, sender) on each receiver counting the chunks landed over all launches (as AllGatherFlags;
+// 1024 CTAs x 72 senders x 8 bytes fit a 1 MiB region). The receiver sums the slots in rank order
+// (sum_in_rank_order); its own slot stays unused (its input is read in place). Two-shot all_reduce
+// then pushes each reduced share to every rank, counting on the same counters.
+enum class ReduceAlgorithm : int32_t { kAuto = 0, kReduceScatter = 1, kOneShot = 2, kTwoShot = 3 };
+
+struct ReducePlan {
+  int32_t world = 1;
+  ReduceAlgorithm algorithm = ReduceAlgorithm::kReduceScatter;
+  uint64_t bytes = 0;        // the whole message (reduce_scatter: world shares)
+  uint64_t share_bytes = 0;  // a multiple of 16; one-shot: the whole message, reduced by every rank
+  int32_t num_blocks = 1;    // CTAs
+  uint64_t chunk_bytes = 0;  // a multiple of 16
+  int32_t rounds = 0;        // of num_blocks chunks, over one share
+  uint64_t staging_bytes = 0;  // world * share_bytes
+
+  IL_HOST_DEVICE uint64_t share_begin(int32_t q) const {
+    if (algorithm == ReduceAlgorithm::kOneShot) return 0;
+    const uint64_t begin = static_cast<uint64_t>(q) * share_bytes;
+    return begin < bytes ? begin : bytes;
+  }
+  IL_HOST_DEVICE uint64_t share_size(int32_t q) const {
+    const uint64_t end = share_begin(q) + share_bytes;
+    return (end < bytes ? end : bytes) - share_begin(q);
+  }
+};
+
+struct ReduceTuning {
+  ReduceAlgorithm algorithm = ReduceAlgorithm::kAuto;  // all_reduce: kOneShot or kTwoShot forces it
+  int num_blocks = 0;                                   // 0: automatic
+  uint64_t chunk_bytes = 0;                             // 0: automatic; a multiple of 16
+};
+
+// all_gather's chunk bounds, a starting point: a reduction reads world chunks for each it writes, so
+// its best sizes may differ (to tune on the GPU).
+constexpr uint64_t kReduceMinChunk = 16 * 1024;
+constexpr uint64_t kReduceMaxChunk = 64 * 1024;
+// all_reduce is one-shot while one rank's push, (world - 1) x the message, is at most this:
+// a placeholder (the end of the issue's latency range), not a measurement.
+constexpr uint64_t kAllReduceOneShotMaxPushBytes = uint64_t{1} << 20;
+
+// out_bytes: one rank's share (out's bytes); element_bytes: 2 or 4; resident_blocks: how many of the
+// kernel's CTAs fit on the GPU at once (all must run: they wait on each other across GPUs).
+ReducePlan plan_reduce_scatter(uint64_t out_bytes, int element_bytes, int world, int resident_blocks,
+                               ReduceTuning tuning = {});
+ReducePlan plan_all_reduce(uint64_t bytes, int element_bytes, int world, int resident_blocks, ReduceTuning tuning = {});
+
+}  // namespace interlace
