@@ -1,6 +1,6 @@
 // What a proxy backend does: carry writes from this rank's heap to other ranks' heaps and add to a
 // flag there once a write has landed. Backends: MemoryBackend (host memory as heaps, for the CPU
-// tests); loopback, ibverbs (RC) and efa (SRD) to come (docs/DESIGN.md).
+// tests); RcBackend and SrdBackend (verbs_backend.h, over IbvVerbs); loopback to come (docs/DESIGN.md).
 #pragma once
 
 #include <cstdint>

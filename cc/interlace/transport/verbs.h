@@ -1,6 +1,7 @@
-// The few RDMA verbs the network backends use, as an interface: the real one (libibverbs, with
-// efadv for EFA, loaded at run time where present) and the fake one of the CPU tests
-// (tests/cc/verbs_backend_test.cc) implement it, so the posting logic is tested without NICs.
+// The few RDMA verbs the network backends use, as an interface: the real one (IbvVerbs in
+// ibv_verbs.h: libibverbs, with efadv for EFA, loaded at run time where present) and the fake one of
+// the CPU tests (tests/cc/verbs_backend_test.cc) implement it, so the posting logic is tested
+// without NICs.
 #pragma once
 
 #include <cstdint>
