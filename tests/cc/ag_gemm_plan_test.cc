@@ -127,14 +127,6 @@ TEST(AgGemmPlan, ChunkRows) {
   EXPECT_EQ(ag_gemm_chunk_rows(make_ag_gemm_rows({0, 0}, 1), 16, 132, 1000), 1);
 }
 
-TEST(AgGemmPlan, OwnerOfRowSkipsEmptyShards) {
-  const AgGemmRows rows = make_ag_gemm_rows({3, 0, 0, 2}, 0, 128);
-  EXPECT_EQ(rows.owner_of_row(0), 0);
-  EXPECT_EQ(rows.owner_of_row(2), 0);
-  EXPECT_EQ(rows.owner_of_row(3), 3);
-  EXPECT_EQ(rows.owner_of_row(4), 3);
-}
-
 TEST(AgGemmPlan, BadLayoutsRaise) {
   EXPECT_THROW(make_ag_gemm_rows({}, 0), Error);
   EXPECT_THROW(make_ag_gemm_rows({4, -1}, 0), Error);

@@ -45,36 +45,7 @@ std::string error_of(void (*f)()) {
 
 // ---- Owners ------------------------------------------------------------------------------
 
-// owner_of_row, the owners of a tile row and the tile rows of an owner, against brute force.
-void check_owners(const std::vector<int64_t>& layout, int tile_m) {
-  SCOPED_TRACE(::testing::Message() << "world " << layout.size() << ", tile_m " << tile_m);
-  const GemmRsRows rows = make_gemm_rs_rows(layout, 0, tile_m);
-  std::vector<int32_t> owner;  // of every row
-  for (int q = 0; q < rows.world; ++q) owner.insert(owner.end(), layout[q], q);
-  ASSERT_EQ(static_cast<int64_t>(owner.size()), rows.m());
-  for (int64_t row = 0; row < rows.m(); ++row) ASSERT_EQ(rows.owner_of_row(row), owner[row]) << "row " << row;
-  for (int32_t t = 0; t < rows.tiles_m(); ++t) {
-    const int64_t lo = int64_t{t} * tile_m, hi = std::min<int64_t>(lo + tile_m, rows.m());
-    EXPECT_EQ(rows.first_owner(t), owner[lo]);
-    EXPECT_EQ(rows.last_owner(t), owner[hi - 1]);
-  }
-  for (int q = 0; q < rows.world; ++q) {
-    std::vector<int32_t> touching;
-    for (int32_t t = 0; t < rows.tiles_m(); ++t) {
-      const int64_t lo = int64_t{t} * tile_m, hi = lo + tile_m;
-      if (layout[q] > 0 && rows.start[q] < hi && rows.start[q + 1] > lo) touching.push_back(t);
-    }
-    ASSERT_EQ(rows.tile_rows_of(q), static_cast<int32_t>(touching.size())) << "rank " << q;
-    for (size_t i = 0; i < touching.size(); ++i) EXPECT_EQ(rows.first_tile_row(q) + static_cast<int32_t>(i), touching[i]);
-  }
-}
-
-TEST(GemmRsRows, OwnersMatchBruteForce) {
-  for (const auto& layout : kLayouts) {
-    for (int tile_m : {128, 256, 64, 1}) check_owners(layout, tile_m);
-  }
-  for (const auto& layout : random_layouts(3, 200, 9, 700)) check_owners(layout, 128);
-}
+// owner_of_row and the other row-block queries: tests/cc/row_blocks_test.cc.
 
 TEST(GemmRsRows, BadLayoutsRaise) {
   EXPECT_THROW(make_gemm_rs_rows({}, 0), Error);

@@ -8,21 +8,7 @@
 namespace interlace {
 
 GemmRsRows make_gemm_rs_rows(const std::vector<int64_t>& rows_per_rank, int rank, int tile_m) {
-  const int world = static_cast<int>(rows_per_rank.size());
-  IL_CHECK(world >= 1 && world <= kGemmRsMaxRanks, "gemm_rs: 1 to ", kGemmRsMaxRanks, " ranks, got ", world);
-  IL_CHECK(rank >= 0 && rank < world, "gemm_rs: rank ", rank, " is out of range for ", world, " ranks");
-  IL_CHECK(tile_m > 0, "gemm_rs: tile_m must be positive, got ", tile_m);
-  GemmRsRows r;
-  r.world = world;
-  r.rank = rank;
-  r.tile_m = tile_m;
-  for (int q = 0; q < world; ++q) {
-    IL_CHECK(rows_per_rank[q] >= 0 && rows_per_rank[q] < (int64_t{1} << 31), "gemm_rs: rank ", q, " owns ",
-             rows_per_rank[q], " rows");
-    r.start[q + 1] = r.start[q] + rows_per_rank[q];
-  }
-  IL_CHECK(r.m() < (int64_t{1} << 31), "gemm_rs: ", r.m(), " rows in all exceed the kernel's 32-bit tile counters");
-  return r;
+  return GemmRsRows{make_row_blocks(rows_per_rank, rank, tile_m, "gemm_rs")};
 }
 
 std::vector<int64_t> gemm_ar_rows_per_rank(int64_t m, int world, int tile_m) {
@@ -40,37 +26,12 @@ std::vector<int64_t> gemm_ar_rows_per_rank(int64_t m, int world, int tile_m) {
 }
 
 std::vector<int32_t> gemm_rs_tile_row_order(const GemmRsRows& rows) {
-  std::vector<int32_t> order;
-  order.reserve(rows.tiles_m());
-  for (int32_t slot = 0; slot < rows.world; ++slot) {
-    for (int32_t t = 0; t < rows.tiles_m(); ++t) {
-      if (rows.send_slot(t) == slot) order.push_back(t);
-    }
-  }
-  return order;
+  return slot_tile_row_order(rows.tiles_m(), rows.world, [&rows](int32_t t) { return rows.send_slot(t); });
 }
 
 GemmRsOrder::Params GemmRsOrder::make(const GemmRsRows& rows, int32_t tiles_n, int32_t band_m) {
-  IL_CHECK(tiles_n >= 0 && band_m >= 1, "gemm_rs: bad tile order (tiles_n ", tiles_n, ", band_m ", band_m, ")");
-  IL_CHECK(static_cast<int64_t>(rows.tiles_m()) * tiles_n <= kMaxGemmTiles, "gemm_rs: ", rows.tiles_m(), " x ",
-           tiles_n, " tiles exceed the engine's ", kMaxGemmTiles);
-  Params p;
-  p.tiles_n = tiles_n;
-  p.band_m = band_m;
-  p.slots = rows.world;
-  const std::vector<int32_t> order = gemm_rs_tile_row_order(rows);
-  size_t i = 0;
-  for (int32_t s = 0; s < rows.world; ++s) {
-    const size_t begin = i;
-    p.first_position[s] = static_cast<int32_t>(i) * tiles_n;
-    p.first_row[s] = i < order.size() ? order[i] : 0;
-    for (; i < order.size() && rows.send_slot(order[i]) == s; ++i) {
-      IL_CHECK(order[i] == p.first_row[s] + static_cast<int32_t>(i - begin), "gemm_rs: slot ", s,
-               "'s tile rows are not contiguous");
-    }
-  }
-  for (int32_t s = rows.world; s <= kGemmRsMaxRanks; ++s) p.first_position[s] = static_cast<int32_t>(i) * tiles_n;
-  return p;
+  return SlotOrder::make(
+      rows.tiles_m(), rows.world, [&rows](int32_t t) { return rows.send_slot(t); }, tiles_n, band_m, "gemm_rs");
 }
 
 GemmRsPlan make_gemm_rs_plan(const GemmRsRows& rows, int64_t n, int tile_n, GemmRsKind kind, GemmRsPath path,

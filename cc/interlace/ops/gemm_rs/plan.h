@@ -37,10 +37,11 @@
 #include "interlace/base/host_device.h"
 #include "interlace/device/signal_pad.h"
 #include "interlace/gemm/tile_plan.h"
+#include "interlace/ops/row_blocks.h"
 
 namespace interlace {
 
-constexpr int kGemmRsMaxRanks = 72;
+constexpr int kGemmRsMaxRanks = kRowBlocksMaxRanks;
 static_assert(kGemmRsMaxRanks <= kMaxLocalRanks, "every rank needs a local rank (NVLink) for now");
 // Flags are 64-bit op numbers (a flag holds the number of the last call whose data landed: values
 // only grow, so nothing is reset and graphs replay), so an op's 1 MiB region holds this many.
@@ -50,45 +51,9 @@ constexpr int32_t kGemmRsMaxFlags = static_cast<int32_t>(kOpRegionBytes / sizeof
 constexpr int32_t kGemmRsTileM = 128;
 constexpr int32_t kGemmRsClusterTileM = 2 * kGemmRsTileM;
 
-// Which rows each rank owns, in tile rows of tile_m.
-struct GemmRsRows {
-  int32_t world = 1;
-  int32_t rank = 0;
-  int32_t tile_m = kGemmRsTileM;
-  int64_t start[kGemmRsMaxRanks + 1] = {};  // rank q owns rows [start[q], start[q + 1])
-
-  IL_HOST_DEVICE int64_t m() const { return start[world]; }
-  IL_HOST_DEVICE int32_t tiles_m() const { return static_cast<int32_t>((m() + tile_m - 1) / tile_m); }
-  IL_HOST_DEVICE int64_t rows_of(int32_t q) const { return start[q + 1] - start[q]; }
-
-  // The owner of row `row` (0 <= row < m()): the last q with start[q] <= row, never an empty block.
-  IL_HOST_DEVICE int32_t owner_of_row(int64_t row) const {
-    int32_t lo = 0, hi = world - 1;
-    while (lo < hi) {
-      const int32_t mid = (lo + hi + 1) / 2;
-      if (start[mid] <= row) {
-        lo = mid;
-      } else {
-        hi = mid - 1;
-      }
-    }
-    return lo;
-  }
-
-  // Tile row t's rows belong to owners first_owner(t) .. last_owner(t); those between may be empty.
-  IL_HOST_DEVICE int32_t first_owner(int32_t t) const { return owner_of_row(static_cast<int64_t>(t) * tile_m); }
-  IL_HOST_DEVICE int32_t last_owner(int32_t t) const {
-    const int64_t end = static_cast<int64_t>(t + 1) * tile_m;
-    return owner_of_row((end < m() ? end : m()) - 1);
-  }
-
-  // The tile rows that touch q's block: first_tile_row(q) .. + tile_rows_of(q) - 1 (none if empty).
-  IL_HOST_DEVICE int32_t first_tile_row(int32_t q) const { return static_cast<int32_t>(start[q] / tile_m); }
-  IL_HOST_DEVICE int32_t tile_rows_of(int32_t q) const {
-    if (rows_of(q) == 0) return 0;
-    return static_cast<int32_t>((start[q + 1] - 1) / tile_m - start[q] / tile_m + 1);
-  }
-
+// Which rows each rank owns, in tile rows of tile_m: row blocks (ops/row_blocks.h), rank q owning
+// rows [start[q], start[q + 1]), and the turn in which this rank computes each owner's block.
+struct GemmRsRows : RowBlocks {
   // When this rank computes q's block: 0 for rank + 1, 1 for rank + 2, ..., world - 1 for itself.
   IL_HOST_DEVICE int32_t send_position(int32_t q) const { return (q - rank - 1 + 2 * world) % world; }
 
@@ -102,30 +67,12 @@ struct GemmRsRows {
   }
 };
 
-// The producing GEMM's order over (cluster tile row, tile column), a GEMM engine Order policy
-// (gemm/tile_plan.h): slot by slot (owner rank + 1's block first, this rank's own last), and within
-// a slot, whose tile rows are one contiguous range, BandedOrder's bands.
-struct GemmRsOrder {
-  struct Params {
-    int32_t tiles_n = 0;
-    int32_t band_m = 1;
-    int32_t slots = 1;
-    int32_t first_position[kGemmRsMaxRanks + 1] = {};  // slot s: positions [first_position[s], first_position[s + 1])
-    int32_t first_row[kGemmRsMaxRanks] = {};           // slot s: tile rows first_row[s] ...
-  };
-
+// The producing GEMM's order over (cluster tile row, tile column), a GEMM engine Order policy:
+// SlotOrder over the send slots (owner rank + 1's block first, this rank's own last), BandedOrder's
+// bands within a slot.
+struct GemmRsOrder : SlotOrder {
   // rows.tile_m is the height of the tiles the order walks (a cluster's, kGemmRsClusterTileM).
   static Params make(const GemmRsRows& rows, int32_t tiles_n, int32_t band_m);
-
-  IL_HOST_DEVICE static inline void tile(const Params& p, int32_t i, int32_t& m_idx, int32_t& n_idx) {
-    int32_t s = 0;
-    while (i >= p.first_position[s + 1]) ++s;
-    const int32_t begin = p.first_position[s];
-    const int32_t tiles_m = (p.first_position[s + 1] - begin) / p.tiles_n;
-    const BandedOrder::Params slot{tiles_m, p.tiles_n, p.band_m < tiles_m ? p.band_m : tiles_m};
-    BandedOrder::tile(slot, i - begin, m_idx, n_idx);
-    m_idx += p.first_row[s];
-  }
 };
 
 enum class GemmRsKind : int32_t { kReduceScatter = 0, kAllReduce = 1 };  // gemm_rs, gemm_ar
