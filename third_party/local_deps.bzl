@@ -6,7 +6,7 @@ repository with a BUILD file. Paths can be overridden with environment variables
   INTERLACE_CUDA_PATH   CUDA toolkit root (default: $CUDA_PATH, /usr/local/cuda-13.0, /usr/local/cuda)
   INTERLACE_PYTHON311   python3.11 interpreter whose headers build the CPython 3.11 extension
   INTERLACE_PYTHON312   python3.12 interpreter whose headers build the cp312 stable-ABI extension
-  INTERLACE_PIP_PYTHON  interpreter whose site-packages hold nanobind and nvidia-cutlass
+  INTERLACE_PIP_PYTHON  interpreter whose site-packages hold nanobind, nvidia-cutlass and jaxlib
                         (default: <workspace>/.venv/bin/python, made by tools/setup)
 """
 
@@ -137,6 +137,25 @@ cutlass_repo = repository_rule(
     local = True,
 )
 
+def _xla_ffi_impl(ctx):
+    # The XLA FFI headers (header-only, C API + C++ wrappers) that jaxlib ships in jaxlib/include.
+    # Handlers built against them run on newer XLA too: the FFI C API is versioned (see docs/DESIGN.md).
+    python = _pip_python(ctx)
+    root = _run(ctx, [python, "-c", "import jaxlib, os; print(os.path.dirname(jaxlib.__file__))"], "jaxlib (XLA FFI headers)")
+    if not ctx.path(root + "/include/xla/ffi/api/ffi.h").exists:
+        _fail_setup("the XLA FFI headers", "Expected %s/include/xla/ffi/api/ffi.h (jaxlib from requirements-dev.txt)." % root)
+    ctx.symlink(root + "/include/xla", "include/xla")
+    ctx.file("BUILD", """
+package(default_visibility = ["//visibility:public"])
+cc_library(name = "headers", hdrs = glob(["include/xla/ffi/api/*.h"]), includes = ["include"])
+""")
+
+xla_ffi_repo = repository_rule(
+    implementation = _xla_ffi_impl,
+    environ = ["INTERLACE_PIP_PYTHON"],
+    local = True,
+)
+
 # ---- Debian packages: GoogleTest, DLPack, libibverbs --------------------------------------------
 
 def _system_lib_impl(ctx):
@@ -162,6 +181,7 @@ def interlace_local_deps():
     python_headers(name = "python312", version = "3.12")
     nanobind_repo(name = "nanobind")
     cutlass_repo(name = "cutlass")
+    xla_ffi_repo(name = "xla_ffi")
     system_lib(
         name = "gtest",
         package = "libgtest-dev",

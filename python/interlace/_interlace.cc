@@ -84,6 +84,9 @@ size_t nbytes_of(const std::vector<size_t>& shape, nb::dlpack::dtype dtype) {
 }
 
 }  // namespace
+
+void register_xla_ffi(nb::module_& m);  // xla_ffi.cc: the XLA FFI handlers of interlace.jax
+
 }  // namespace interlace
 
 NB_MODULE(_interlace, m) {
@@ -278,4 +281,6 @@ NB_MODULE(_interlace, m) {
         },
         "out"_a.noconvert(), "inp"_a.noconvert(), nb::kw_only(), "world_size"_a, "device"_a,
         "The checks all_gather makes before any GPU work, without a group (for tests).");
+
+  register_xla_ffi(m);
 }

@@ -1,18 +1,72 @@
 """JAX adapter. JAX arrays are immutable, so ops return new arrays instead of writing into
-arguments; they wait for their inputs, run on their own stream, and finish before returning."""
+arguments. Every op is an XLA FFI custom call (jax.ffi.ffi_call to a handler compiled into the
+native module, python/interlace/xla_ffi.cc): under jax.jit it runs on XLA's stream, on XLA's own
+buffers, with no copies and no host synchronization; called eagerly, JAX compiles and runs the same
+call. The handlers are registered with XLA for the CUDA platform on first use.
+
+The group reaches a handler as group.handle, an integer attribute of the call; the handler finds the
+native group by it (registered here when the op is traced). Outputs are ordinary XLA buffers, not
+in the symmetric heap, so all_gather takes its staged path.
+"""
+import numpy as _np
+
 import jax as _jax
-import jax.dlpack as _jax_dlpack
 
 from interlace import _interlace as _C
-from interlace import _frameworks
 from interlace._group import native as _native
+
+# The custom-call target names; the handlers register under these for platform "CUDA".
+TARGETS = ("interlace_all_gather", "interlace_gemm", "interlace_ag_gemm")
+
+_registered = False
+
+
+def _register():
+    global _registered
+    if not _registered:
+        for name, capsule in _C._xla_ffi_handlers().items():
+            _jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+        _registered = True
+
+
+def _group_handle(group) -> _np.int64:
+    native = _native(group)  # raises TypeError unless group is an interlace.Group
+    _C._register_xla_group(group.handle, native)
+    return _np.int64(group.handle)
 
 
 def all_gather(x, group, *, num_blocks=0, chunk_bytes=0) -> "_jax.Array":
-    """Every rank's x concatenated along axis 0 (shape [world * x.shape[0], *x.shape[1:]])."""
-    x.block_until_ready()
+    """Every rank's x concatenated along axis 0 (shape [world * x.shape[0], *x.shape[1:]]).
+    Works eagerly and under jax.jit; every rank must make the same call."""
+    _register()
+    handle = _group_handle(group)
     shape = (group.world_size * x.shape[0],) + tuple(x.shape[1:]) if x.ndim else (group.world_size,)
-    out = _C._device_empty(list(shape), _frameworks.dtype_name(x.dtype), group.device)
-    _C.all_gather(out, x, _native(group), stream=0, num_blocks=num_blocks, chunk_bytes=chunk_bytes)
-    _C._synchronize(0)
-    return _jax_dlpack.from_dlpack(out)
+    call = _jax.ffi.ffi_call("interlace_all_gather", _jax.ShapeDtypeStruct(shape, x.dtype))
+    return call(x, group=handle, num_blocks=_np.int64(num_blocks), chunk_bytes=_np.int64(chunk_bytes))
+
+
+def gemm(a, b, *, band_m=0, tile_n=0, cluster_m=0, pingpong=True) -> "_jax.Array":
+    """a[M, K] @ b[K, N] on one GPU with interlace's Hopper engine (bf16 or fp16, fp32 accumulation,
+    result in the input dtype; K and N multiples of 8). Tuning as in interlace.gemm."""
+    _register()
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"interlace.jax.gemm: a and b must be 2-D, got shapes {a.shape} and {b.shape}")
+    call = _jax.ffi.ffi_call("interlace_gemm", _jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), a.dtype))
+    return call(a, b, band_m=_np.int64(band_m), tile_n=_np.int64(tile_n), cluster_m=_np.int64(cluster_m),
+                pingpong=_np.int64(bool(pingpong)))
+
+
+def ag_gemm(a_shard, b, group, *, shard_rows=None, chunk_rows=0, band_m=0, tile_n=0, pingpong=True) -> "_jax.Array":
+    """A[M, K] @ b[K, N], where A is every rank's a_shard ([M_r, K]) stacked in rank order, in one
+    launch (the shards travel while the GEMM computes). shard_rows: every rank's M_r, the same list on
+    every rank (default: even shards). Tuning as in interlace.ag_gemm."""
+    _register()
+    handle = _group_handle(group)
+    if a_shard.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"interlace.jax.ag_gemm: a_shard and b must be 2-D, got shapes {a_shard.shape} and {b.shape}")
+    rows = [] if shard_rows is None else [int(r) for r in shard_rows]
+    m = sum(rows) if rows else group.world_size * a_shard.shape[0]
+    call = _jax.ffi.ffi_call("interlace_ag_gemm", _jax.ShapeDtypeStruct((m, b.shape[1]), a_shard.dtype))
+    return call(a_shard, b, group=handle, shard_rows=_np.asarray(rows, dtype=_np.int64),
+                chunk_rows=_np.int64(chunk_rows), band_m=_np.int64(band_m), tile_n=_np.int64(tile_n),
+                pingpong=_np.int64(bool(pingpong)))

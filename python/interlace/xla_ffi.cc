@@ -1,0 +1,186 @@
+// XLA FFI handlers: what interlace.jax's ops lower to under jax.jit. XLA calls them on its own
+// stream with its own buffers (row-major, dense), so nothing is copied and nothing synchronizes.
+//
+// A handler gets its group as an int64 attribute, the Python Group's handle (_group.py), and finds
+// the native Group in a map of weak references that interlace.jax fills when it traces an op
+// (register_xla_group below). Errors come back to XLA as xla::ffi::Error carrying interlace::Error's
+// message; nothing throws across the FFI boundary.
+//
+// Built against the XLA FFI headers of the jaxlib in .venv (third_party/local_deps.bzl); the FFI C
+// API is versioned and XLA accepts handlers built against older headers (docs/DESIGN.md).
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/shared_ptr.h>
+
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "interlace/api/interlace.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace nb = nanobind;
+namespace ffi = xla::ffi;
+using namespace nb::literals;
+
+namespace interlace {
+namespace {
+
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::unordered_map<int64_t, std::weak_ptr<Group>>& registry() {
+  static auto* groups = new std::unordered_map<int64_t, std::weak_ptr<Group>>();
+  return *groups;
+}
+
+std::shared_ptr<Group> group_by_handle(int64_t handle) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto it = registry().find(handle);
+  std::shared_ptr<Group> group = it == registry().end() ? nullptr : it->second.lock();
+  if (!group) IL_FAIL("no live interlace.Group has handle ", handle, " (the group was freed, or never used from interlace.jax)");
+  return group;
+}
+
+// XLA's element type as DLPack's; interlace checks which dtypes each op accepts.
+DLDataType dl_dtype(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::PRED: return DLDataType{6, 8, 1};  // kDLBool (newer than Debian's dlpack.h)
+    case ffi::DataType::S8: return DLDataType{kDLInt, 8, 1};
+    case ffi::DataType::S16: return DLDataType{kDLInt, 16, 1};
+    case ffi::DataType::S32: return DLDataType{kDLInt, 32, 1};
+    case ffi::DataType::S64: return DLDataType{kDLInt, 64, 1};
+    case ffi::DataType::U8: return DLDataType{kDLUInt, 8, 1};
+    case ffi::DataType::U16: return DLDataType{kDLUInt, 16, 1};
+    case ffi::DataType::U32: return DLDataType{kDLUInt, 32, 1};
+    case ffi::DataType::U64: return DLDataType{kDLUInt, 64, 1};
+    case ffi::DataType::F16: return DLDataType{kDLFloat, 16, 1};
+    case ffi::DataType::F32: return DLDataType{kDLFloat, 32, 1};
+    case ffi::DataType::F64: return DLDataType{kDLFloat, 64, 1};
+    case ffi::DataType::BF16: return DLDataType{kDLBfloat, 16, 1};
+    default: IL_FAIL("interlace.jax: unsupported XLA element type ", static_cast<int>(t));
+  }
+}
+
+// XLA buffers are dense and row-major (the default layout; ffi_call asks for it), so strides are
+// left empty (C-contiguous).
+TensorView view_of(const ffi::AnyBuffer& b, int device) {
+  TensorView v;
+  v.data = b.untyped_data();
+  v.device = DLDevice{kDLCUDA, device};
+  v.dtype = dl_dtype(b.element_type());
+  for (int64_t d : b.dimensions()) v.shape.push_back(d);
+  return v;
+}
+
+template <typename F>
+ffi::Error guarded(F&& f) {
+  try {
+    f();
+    return ffi::Error::Success();
+  } catch (const Error& e) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, e.what());
+  } catch (const std::exception& e) {
+    return ffi::Error::Internal(std::string("interlace: ") + e.what());
+  } catch (...) {
+    return ffi::Error::Internal("interlace: unknown C++ exception");
+  }
+}
+
+ffi::Error all_gather_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
+                           int64_t group, int64_t num_blocks, int64_t chunk_bytes) {
+  return guarded([&] {
+    std::shared_ptr<Group> g = group_by_handle(group);
+    all_gather(*g, view_of(*out, device), view_of(x, device), stream,
+               AllGatherTuning{static_cast<int>(num_blocks), static_cast<uint64_t>(chunk_bytes)});
+  });
+}
+
+ffi::Error gemm_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                     ffi::Result<ffi::AnyBuffer> out, int64_t band_m, int64_t tile_n, int64_t cluster_m,
+                     int64_t pingpong) {
+  return guarded([&] {
+    gemm(view_of(a, device), view_of(b, device), view_of(*out, device), stream,
+         GemmTuning{static_cast<int>(band_m), static_cast<int>(tile_n), static_cast<int>(cluster_m), pingpong != 0});
+  });
+}
+
+ffi::Error ag_gemm_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a_shard, ffi::AnyBuffer b,
+                        ffi::Result<ffi::AnyBuffer> out, int64_t group, ffi::Span<const int64_t> shard_rows,
+                        int64_t chunk_rows, int64_t band_m, int64_t tile_n, int64_t pingpong) {
+  return guarded([&] {
+    std::shared_ptr<Group> g = group_by_handle(group);
+    std::vector<int64_t> rows(shard_rows.begin(), shard_rows.end());
+    ag_gemm(*g, view_of(a_shard, device), view_of(b, device), view_of(*out, device), nullptr, rows, stream,
+            AgGemmTuning{chunk_rows, static_cast<int>(band_m), static_cast<int>(tile_n), pingpong != 0});
+  });
+}
+
+}  // namespace
+}  // namespace interlace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_all_gather, interlace::all_gather_impl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("group")
+                                  .Attr<int64_t>("num_blocks")
+                                  .Attr<int64_t>("chunk_bytes"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_gemm, interlace::gemm_impl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("band_m")
+                                  .Attr<int64_t>("tile_n")
+                                  .Attr<int64_t>("cluster_m")
+                                  .Attr<int64_t>("pingpong"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_ag_gemm, interlace::ag_gemm_impl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("group")
+                                  .Attr<xla::ffi::Span<const int64_t>>("shard_rows")
+                                  .Attr<int64_t>("chunk_rows")
+                                  .Attr<int64_t>("band_m")
+                                  .Attr<int64_t>("tile_n")
+                                  .Attr<int64_t>("pingpong"));
+
+namespace interlace {
+
+void register_xla_ffi(nb::module_& m) {
+  m.def("_xla_ffi_handlers", [] {
+    nb::dict d;
+    d["interlace_all_gather"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_all_gather));
+    d["interlace_gemm"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_gemm));
+    d["interlace_ag_gemm"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_ag_gemm));
+    return d;
+  }, "The XLA FFI handlers (target name -> PyCapsule of an XLA_FFI_Handler*), for jax.ffi.register_ffi_target.");
+
+  m.def("_register_xla_group",
+        [](int64_t handle, std::shared_ptr<Group> group) {
+          std::lock_guard<std::mutex> lock(registry_mutex());
+          auto& groups = registry();
+          for (auto it = groups.begin(); it != groups.end();) it = it->second.expired() ? groups.erase(it) : std::next(it);
+          groups[handle] = group;
+        },
+        "handle"_a, "group"_a,
+        "Lets the XLA FFI handlers find `group` (a native Group, held weakly) by `handle`, the Python Group's handle.");
+}
+
+}  // namespace interlace
