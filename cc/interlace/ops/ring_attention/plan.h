@@ -1,0 +1,183 @@
+// Host and device plan of ring attention (issue 13): the zigzag sharding of the sequence, the ring
+// schedule of K/V blocks, which (query chunk, key chunk) blocks and tiles need computing and masking,
+// the double-buffered receive slots with their flag values, and GQA's head map.
+//
+// Zigzag: the global sequence of S rows is cut into 2W contiguous chunks; rank i holds chunks i and
+// 2W-1-i, in that order, as its local rows. Under a causal mask chunk c sees chunks 0..c, so pairing
+// an early chunk with a late one gives every rank the same work at every ring step (2 chunk blocks'
+// worth; see RingAttentionPlan::kind). Non-causal attention sees everything, so it works on any
+// sharding; the plan still names the chunks, and every block is kFull.
+//
+// Ring: at step s (0..W-1) rank r computes its Q against the K/V block that originated at rank
+// (r - s) mod W: its own at step 0, from its input; for s >= 1, the block rank r-1 pushed into one of
+// r's two receive slots during its step s-1, which r forwards to r+1 during step s.
+//
+// Everything is closed form over a few integers (trivially copyable, kernel parameters): nothing is
+// uploaded per shape.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "interlace/base/host_device.h"
+
+namespace interlace {
+
+constexpr int kRingAttentionMaxRanks = 72;
+// Flag values are op_number * stride + step: larger than any step (W <= 72), so every value of a
+// call is above every value of an earlier call, and a wait "flag >= value" needs no reset.
+constexpr uint64_t kRingAttentionFlagStride = 128;
+
+// What a (query chunk, key chunk) block needs under the mask. Decided by chunk index alone: chunks
+// are contiguous and in order, so a lower key chunk lies wholly before the query chunk.
+enum class RingBlockKind : int32_t {
+  kFull = 0,      // every pair visible: no mask (only the ragged edges of the chunks)
+  kDiagonal = 1,  // same chunk: key offset <= query offset, masked per element on the diagonal tiles
+  kMasked = 2,    // key chunk after the query chunk: skipped, not even loaded
+};
+
+// One chunk of a rank's shard: global rows [global_start, + rows) are local rows [local_start, + rows)
+// of the rank, which are rows [sharded_start, + rows) of the sharded (zigzag-ordered) tensor.
+struct RingChunkRange {
+  int64_t global_start = 0;
+  int64_t sharded_start = 0;
+  int64_t local_start = 0;
+  int64_t rows = 0;
+};
+
+struct RingAttentionPlan {
+  int32_t world = 1;
+  int32_t rank = 0;
+  int64_t seq = 0;             // S, global
+  int32_t causal = 0;
+  int32_t tile_q = 128;        // query rows per tile (a consumer warpgroup's)
+  int32_t tile_k = 128;        // key rows per tile
+  int32_t heads_q = 1;
+  int32_t heads_kv = 1;
+  int64_t chunk_base = 0;      // S / 2W
+  int32_t chunk_extra = 0;     // S % 2W: chunks 0 .. chunk_extra-1 have one row more
+
+  // ---- Chunks. S = 2W * base + extra: the first `extra` chunks get base + 1 rows, the rest base. Any
+  // S >= 0; with S < 2W some chunks (and so some ranks' halves) are empty.
+  IL_HOST_DEVICE int32_t chunks() const { return 2 * world; }
+  IL_HOST_DEVICE int64_t chunk_rows(int32_t c) const { return chunk_base + (c < chunk_extra ? 1 : 0); }
+  IL_HOST_DEVICE int64_t chunk_start(int32_t c) const {
+    return static_cast<int64_t>(c) * chunk_base + (c < chunk_extra ? c : chunk_extra);
+  }
+  // The chunk holding global row g (0 <= g < S): inverse of chunk_start.
+  IL_HOST_DEVICE int32_t chunk_of_row(int64_t g) const {
+    const int64_t long_rows = static_cast<int64_t>(chunk_extra) * (chunk_base + 1);
+    if (g < long_rows) return static_cast<int32_t>(g / (chunk_base + 1));
+    return chunk_extra + static_cast<int32_t>((g - long_rows) / chunk_base);  // chunk_base > 0 here
+  }
+
+  // ---- Zigzag. Rank r's halves: h = 0 is chunk r, h = 1 is chunk 2W-1-r.
+  IL_HOST_DEVICE int32_t chunk_of(int32_t r, int32_t h) const { return h == 0 ? r : 2 * world - 1 - r; }
+  IL_HOST_DEVICE int32_t rank_of_chunk(int32_t c) const { return c < world ? c : 2 * world - 1 - c; }
+  IL_HOST_DEVICE int32_t half_of_chunk(int32_t c) const { return c < world ? 0 : 1; }
+  IL_HOST_DEVICE int64_t local_rows(int32_t r) const { return chunk_rows(r) + chunk_rows(2 * world - 1 - r); }
+  // Where rank r's shard starts in the sharded tensor (ranks' shards stacked in rank order): ranks
+  // before r hold chunks 0 .. r-1 and 2W-r .. 2W-1.
+  IL_HOST_DEVICE int64_t sharded_start(int32_t r) const { return chunk_start(r) + (seq - chunk_start(2 * world - r)); }
+  // The largest shard, which sizes the symmetric receive slots (the same on every rank). The long
+  // chunks are 0 .. extra-1, so rank r has [r < extra] + [2W-1-r < extra] of them: two on some rank
+  // iff extra > W (rank W-1), else one on rank 0 if extra > 0. Shards differ by at most 2 rows.
+  IL_HOST_DEVICE int64_t max_local_rows() const {
+    return 2 * chunk_base + (chunk_extra > world ? 2 : chunk_extra > 0 ? 1 : 0);
+  }
+
+  // Rank r's half h, for ring_attention_shard (global -> sharded) and unshard (sharded -> global).
+  IL_HOST_DEVICE RingChunkRange range(int32_t r, int32_t h) const {
+    const int32_t c = chunk_of(r, h);
+    const int64_t local = h == 0 ? 0 : chunk_rows(r);
+    return RingChunkRange{chunk_start(c), sharded_start(r) + local, local, chunk_rows(c)};
+  }
+  // Global row g <-> (rank, local row).
+  IL_HOST_DEVICE void to_local(int64_t g, int32_t& r, int64_t& local) const {
+    const int32_t c = chunk_of_row(g);
+    r = rank_of_chunk(c);
+    local = g - chunk_start(c) + (half_of_chunk(c) == 0 ? 0 : chunk_rows(r));
+  }
+  IL_HOST_DEVICE int64_t to_global(int32_t r, int64_t local) const {
+    const int64_t first = chunk_rows(r);
+    return local < first ? chunk_start(r) + local : chunk_start(2 * world - 1 - r) + (local - first);
+  }
+
+  // ---- Ring. The K/V block rank r computes against at step s, its source and its destination.
+  IL_HOST_DEVICE int32_t kv_origin(int32_t r, int32_t s) const { return ((r - s) % world + world) % world; }
+  IL_HOST_DEVICE int32_t recv_from() const { return (rank + world - 1) % world; }
+  IL_HOST_DEVICE int32_t send_to() const { return (rank + 1) % world; }
+
+  // Query half qh of rank r against key half kh of the block that originated at rank `origin`.
+  // Causal, with zigzag, this gives per step: step 0 (own block) 1 full + 2 diagonal blocks; a block
+  // from an earlier rank (origin < r) both query halves against its first half; from a later rank
+  // the second query half against both its halves. 2 chunk blocks' worth each, on every rank.
+  IL_HOST_DEVICE RingBlockKind kind(int32_t r, int32_t qh, int32_t origin, int32_t kh) const {
+    if (!causal) return RingBlockKind::kFull;
+    const int32_t qc = chunk_of(r, qh), kc = chunk_of(origin, kh);
+    return kc < qc ? RingBlockKind::kFull : kc == qc ? RingBlockKind::kDiagonal : RingBlockKind::kMasked;
+  }
+
+  // ---- Tiles within a block: query tile i is rows [i * tile_q, ...) of the query chunk, key tile j
+  // rows [j * tile_k, ...) of the key chunk (the last of each ragged).
+  IL_HOST_DEVICE int32_t q_tiles(int32_t qc) const { return static_cast<int32_t>((chunk_rows(qc) + tile_q - 1) / tile_q); }
+  IL_HOST_DEVICE int32_t k_tiles(int32_t kc) const { return static_cast<int32_t>((chunk_rows(kc) + tile_k - 1) / tile_k); }
+  // The key tiles 0 .. n-1 query tile i computes in a block of this kind: all of them when full; on
+  // the diagonal (same chunk, so same offsets) those starting at or before the tile's last query row.
+  IL_HOST_DEVICE int32_t k_tiles_for(RingBlockKind kind, int32_t qc, int32_t kc, int32_t i) const {
+    if (kind == RingBlockKind::kMasked) return 0;
+    const int32_t all = k_tiles(kc);
+    if (kind == RingBlockKind::kFull) return all;
+    int64_t last = static_cast<int64_t>(i + 1) * tile_q;
+    if (last > chunk_rows(qc)) last = chunk_rows(qc);
+    const int32_t n = static_cast<int32_t>((last - 1) / tile_k + 1);
+    return n < all ? n : all;
+  }
+  // Whether tile (i, j) of a block needs the causal mask: only on the diagonal, where some key of the
+  // tile lies after the tile's first query. The others (and all of a full block) need only the
+  // ragged-edge bounds.
+  IL_HOST_DEVICE bool tile_masked(RingBlockKind kind, int32_t i, int32_t j) const {
+    return kind == RingBlockKind::kDiagonal &&
+           static_cast<int64_t>(j + 1) * tile_k - 1 > static_cast<int64_t>(i) * tile_q;
+  }
+
+  // ---- Double buffering. The block of step s >= 1 lands in receive slot s & 1 of its consumer
+  // (step 0's is the consumer's own input). The sender (rank - 1) stores the block, then stores
+  // landed_value(op, s) into the consumer's landed[s & 1]; the consumer waits for ">=" it. Once the
+  // consumer has computed with the block and forwarded it, it stores released_value(op, s) into the
+  // sender's released[s & 1]. Before pushing step s's block the sender waits for released[s & 1] >=
+  // release_wait(op, s): the consumer's release of step s-2, the slot's previous tenant. Steps 1 and
+  // 2 wait for nothing: the slot's tenant was the previous call's, and the op handshake already says
+  // the peer is done with the previous call's buffers (docs/DESIGN.md, "How every kernel starts").
+  IL_HOST_DEVICE static int32_t slot_of_step(int32_t s) { return s & 1; }
+  IL_HOST_DEVICE static uint64_t epoch_base(uint64_t op_number) { return op_number * kRingAttentionFlagStride; }
+  IL_HOST_DEVICE static uint64_t landed_value(uint64_t op_number, int32_t s) {
+    return epoch_base(op_number) + static_cast<uint64_t>(s);
+  }
+  IL_HOST_DEVICE static uint64_t released_value(uint64_t op_number, int32_t s) { return landed_value(op_number, s); }
+  // 0 (a wait that always passes) when there is nothing to wait for.
+  IL_HOST_DEVICE static uint64_t release_wait(uint64_t op_number, int32_t s) {
+    return s >= 3 ? released_value(op_number, s - 2) : 0;
+  }
+
+  // ---- GQA: Hq = g * Hkv; query head hq reads key/value head hq / g (consecutive query heads share).
+  IL_HOST_DEVICE int32_t group_size() const { return heads_q / heads_kv; }
+  IL_HOST_DEVICE int32_t kv_head(int32_t hq) const { return hq / group_size(); }
+};
+
+// Flags in ring attention's region of every rank's signal pad: landed is written by rank - 1 (the
+// sender), released by rank + 1 (the consumer), each waited on by its owner.
+struct RingAttentionFlags {
+  uint64_t landed[2];
+  uint64_t released[2];
+};
+
+// Checks the arguments (W in 1 .. kRingAttentionMaxRanks, 0 <= rank < W, S >= 0 and under 2^31
+// rows, tiles >= 1, heads >= 1 with Hq a multiple of Hkv) and raises interlace::Error otherwise.
+RingAttentionPlan make_ring_attention_plan(int world, int rank, int64_t seq, bool causal, int heads_q, int heads_kv,
+                                           int tile_q = 128, int tile_k = 128);
+
+static_assert(std::is_trivially_copyable<RingAttentionPlan>::value, "the plan is a kernel parameter");
+static_assert(sizeof(RingAttentionPlan) <= 128, "the plan outgrew its share of kernel parameters");
+
+}  // namespace interlace

@@ -1,0 +1,316 @@
+#include "interlace/ops/ring_attention/plan.h"
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "interlace/base/error.h"
+
+namespace interlace {
+namespace {
+
+// Sequence lengths: 0, shorter than 2W (empty chunks), divisible by 2W, and every remainder.
+std::vector<int64_t> lengths(int world) {
+  std::vector<int64_t> out = {0, 1, 2, 3, 2 * world - 1, 2 * world, 2 * world + 1, 37, 64, 100, 8 * world * 2 + 5};
+  for (int e = 0; e < 2 * world; ++e) out.push_back(4 * 2 * world + e);
+  return out;
+}
+
+TEST(RingAttentionPlan, ChunksSplitAnyLength) {
+  for (int world = 1; world <= 8; ++world) {
+    for (int64_t seq : lengths(world)) {
+      SCOPED_TRACE(::testing::Message() << "W " << world << ", S " << seq);
+      const RingAttentionPlan p = make_ring_attention_plan(world, 0, seq, true, 1, 1);
+      // Contiguous, covering [0, S), sizes floor(S / 2W) or one more, the longer ones first.
+      int64_t next = 0;
+      for (int c = 0; c < p.chunks(); ++c) {
+        EXPECT_EQ(p.chunk_start(c), next);
+        EXPECT_EQ(p.chunk_rows(c), seq / (2 * world) + (c < seq % (2 * world) ? 1 : 0));
+        for (int64_t g = next; g < next + p.chunk_rows(c); ++g) ASSERT_EQ(p.chunk_of_row(g), c) << "row " << g;
+        next += p.chunk_rows(c);
+      }
+      EXPECT_EQ(next, seq);
+      int64_t largest = 0, smallest = seq;
+      for (int r = 0; r < world; ++r) largest = std::max(largest, p.local_rows(r));
+      for (int r = 0; r < world; ++r) smallest = std::min(smallest, p.local_rows(r));
+      EXPECT_EQ(p.max_local_rows(), largest);
+      EXPECT_LE(largest - smallest, 2);
+    }
+  }
+  // S = 10 over W = 2: 4 chunks of 3, 3, 2, 2; rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2.
+  const RingAttentionPlan p = make_ring_attention_plan(2, 0, 10, true, 1, 1);
+  EXPECT_EQ(p.range(0, 0).global_start, 0);
+  EXPECT_EQ(p.range(0, 1).global_start, 8);
+  EXPECT_EQ(p.range(1, 0).global_start, 3);
+  EXPECT_EQ(p.range(1, 1).global_start, 6);
+  EXPECT_EQ(p.range(1, 0).sharded_start, 5);
+  EXPECT_EQ(p.range(1, 1).sharded_start, 8);
+}
+
+// shard then unshard are inverse permutations of the sequence, and agree with to_local / to_global.
+TEST(RingAttentionPlan, ShardUnshardArePermutations) {
+  for (int world = 1; world <= 8; ++world) {
+    for (int64_t seq : lengths(world)) {
+      SCOPED_TRACE(::testing::Message() << "W " << world << ", S " << seq);
+      const RingAttentionPlan p = make_ring_attention_plan(world, 0, seq, false, 1, 1);
+      std::vector<int64_t> sharded(seq, -1);  // sharded row -> global row, by copying the ranges
+      int64_t shard_start = 0;
+      for (int r = 0; r < world; ++r) {
+        EXPECT_EQ(p.sharded_start(r), shard_start);
+        for (int h = 0; h < 2; ++h) {
+          const RingChunkRange c = p.range(r, h);
+          EXPECT_EQ(c.sharded_start, p.sharded_start(r) + c.local_start);
+          for (int64_t i = 0; i < c.rows; ++i) {
+            ASSERT_EQ(sharded[c.sharded_start + i], -1) << "row written twice";
+            sharded[c.sharded_start + i] = c.global_start + i;
+            int32_t rank = -1;
+            int64_t local = -1;
+            p.to_local(c.global_start + i, rank, local);
+            EXPECT_EQ(rank, r);
+            EXPECT_EQ(local, c.local_start + i);
+            EXPECT_EQ(p.to_global(r, c.local_start + i), c.global_start + i);
+          }
+        }
+        shard_start += p.local_rows(r);
+      }
+      std::vector<int64_t> unsharded(seq, -1);  // unshard: the same ranges, copied back
+      for (int64_t i = 0; i < seq; ++i) {
+        ASSERT_GE(sharded[i], 0) << "sharded row " << i << " not written";
+        ASSERT_EQ(unsharded[sharded[i]], -1);
+        unsharded[sharded[i]] = i;
+      }
+      for (int64_t g = 0; g < seq; ++g) EXPECT_EQ(sharded[unsharded[g]], g);
+    }
+  }
+}
+
+// Walks the whole ring as the kernel would (every rank, step, block and tile) and counts each
+// (query, key) pair it computes unmasked. Against the dense mask: every visible pair exactly once,
+// nothing masked. Also gives the unmasked pairs per [step][rank] for the balance check.
+void check_coverage(int world, int64_t seq, bool causal, int tile_q, int tile_k,
+                    std::vector<std::vector<int64_t>>* work_out = nullptr) {
+  SCOPED_TRACE(::testing::Message() << "W " << world << ", S " << seq << ", causal " << causal << ", tiles "
+                                    << tile_q << " x " << tile_k);
+  std::vector<int32_t> covered(seq * seq, 0);
+  std::vector<std::vector<int64_t>> work(world, std::vector<int64_t>(world, 0));
+  for (int r = 0; r < world; ++r) {
+    const RingAttentionPlan p = make_ring_attention_plan(world, r, seq, causal, 1, 1, tile_q, tile_k);
+    for (int s = 0; s < world; ++s) {
+      const int origin = p.kv_origin(r, s);
+      EXPECT_EQ(origin, ((r - s) % world + world) % world);
+      for (int qh = 0; qh < 2; ++qh) {
+        for (int kh = 0; kh < 2; ++kh) {
+          const RingBlockKind kind = p.kind(r, qh, origin, kh);
+          const int qc = p.chunk_of(r, qh), kc = p.chunk_of(origin, kh);
+          const RingChunkRange q = p.range(r, qh), k = p.range(origin, kh);
+          for (int i = 0; i < p.q_tiles(qc); ++i) {
+            const int n = p.k_tiles_for(kind, qc, kc, i);
+            EXPECT_LE(n, p.k_tiles(kc));
+            for (int j = 0; j < n; ++j) {
+              const bool masked = p.tile_masked(kind, i, j);
+              const int64_t computed_before = work[s][r];
+              for (int64_t a = int64_t{i} * tile_q; a < std::min<int64_t>((i + 1) * int64_t{tile_q}, q.rows); ++a) {
+                for (int64_t b = int64_t{j} * tile_k; b < std::min<int64_t>((j + 1) * int64_t{tile_k}, k.rows); ++b) {
+                  if (masked && b > a) continue;  // the per-element diagonal mask: same chunk, so offsets compare
+                  const int64_t qg = q.global_start + a, kg = k.global_start + b;
+                  ASSERT_TRUE(!causal || kg <= qg) << "masked pair computed: query " << qg << ", key " << kg;
+                  ++covered[qg * seq + kg];
+                  ++work[s][r];
+                }
+              }
+              // No tile is loaded only to be masked away entirely.
+              ASSERT_GT(work[s][r], computed_before) << "rank " << r << ", step " << s << ", tile " << i << " x " << j;
+            }
+          }
+        }
+      }
+    }
+  }
+  for (int64_t qg = 0; qg < seq; ++qg) {
+    for (int64_t kg = 0; kg < seq; ++kg) {
+      const bool visible = !causal || kg <= qg;
+      ASSERT_EQ(covered[qg * seq + kg], visible ? 1 : 0) << "query " << qg << ", key " << kg;
+    }
+  }
+  if (work_out != nullptr) *work_out = work;
+}
+
+TEST(RingAttentionPlan, EveryVisiblePairExactlyOnce) {
+  const int tiles[][2] = {{4, 3}, {3, 4}, {1, 1}, {128, 128}, {5, 5}};
+  for (int world = 1; world <= 8; ++world) {
+    for (int64_t seq : lengths(world)) {
+      for (bool causal : {false, true}) {
+        for (const auto& t : tiles) check_coverage(world, seq, causal, t[0], t[1]);
+      }
+    }
+  }
+}
+
+// Zigzag's point: every rank does the same causal work at every step. With S divisible by 2W
+// exactly; otherwise chunks differ by a row, so within 4 rows of the longest chunk (two blocks, each
+// off by at most one row and one column).
+TEST(RingAttentionPlan, CausalWorkIsBalancedPerStep) {
+  for (int world = 1; world <= 8; ++world) {
+    for (int64_t seq : lengths(world)) {
+      SCOPED_TRACE(::testing::Message() << "W " << world << ", S " << seq);
+      std::vector<std::vector<int64_t>> work;
+      check_coverage(world, seq, true, 16, 16, &work);
+      const RingAttentionPlan p = make_ring_attention_plan(world, 0, seq, true, 1, 1);
+      const int64_t longest = p.chunk_rows(0);
+      for (int s = 0; s < world; ++s) {
+        const auto [lo, hi] = std::minmax_element(work[s].begin(), work[s].end());
+        if (seq % (2 * world) == 0) {
+          EXPECT_EQ(*lo, *hi) << "step " << s;
+        } else {
+          EXPECT_LE(*hi - *lo, 4 * longest) << "step " << s;
+        }
+      }
+      // The same blocks by kind on every rank: step 0 one full and two diagonal, later steps two full.
+      for (int r = 0; r < world; ++r) {
+        const RingAttentionPlan pr = make_ring_attention_plan(world, r, seq, true, 1, 1);
+        for (int s = 0; s < world; ++s) {
+          int count[3] = {};
+          for (int qh = 0; qh < 2; ++qh) {
+            for (int kh = 0; kh < 2; ++kh) ++count[static_cast<int>(pr.kind(r, qh, pr.kv_origin(r, s), kh))];
+          }
+          EXPECT_EQ(count[0], s == 0 ? 1 : 2) << "rank " << r << ", step " << s;
+          EXPECT_EQ(count[1], s == 0 ? 2 : 0) << "rank " << r << ", step " << s;
+          EXPECT_EQ(count[2], s == 0 ? 1 : 2) << "rank " << r << ", step " << s;
+        }
+      }
+    }
+  }
+}
+
+TEST(RingAttentionPlan, FlagValuesAndSlots) {
+  for (int world = 1; world <= 8; ++world) {
+    uint64_t previous[2] = {0, 0};  // the last landed value per slot, across calls
+    for (uint64_t op : {uint64_t{1}, uint64_t{2}, uint64_t{7}, uint64_t{1} << 40}) {
+      for (int s = 1; s < world; ++s) {
+        const int slot = RingAttentionPlan::slot_of_step(s);
+        EXPECT_EQ(slot, s % 2);
+        const uint64_t landed = RingAttentionPlan::landed_value(op, s);
+        EXPECT_GT(landed, previous[slot]);  // monotonic: a wait ">=" never passes on an older value
+        previous[slot] = landed;
+        EXPECT_GT(landed, RingAttentionPlan::epoch_base(op));
+        EXPECT_LT(landed, RingAttentionPlan::epoch_base(op + 1));
+        // The writer of step s waits for the release of the slot's previous tenant in this call.
+        if (s >= 3) {
+          EXPECT_EQ(RingAttentionPlan::release_wait(op, s), RingAttentionPlan::released_value(op, s - 2));
+          EXPECT_EQ(RingAttentionPlan::slot_of_step(s - 2), slot);
+        } else {
+          EXPECT_EQ(RingAttentionPlan::release_wait(op, s), 0u);
+        }
+      }
+    }
+  }
+}
+
+// A host simulation of the protocol under random interleavings: W ranks, several calls, each
+// rank a small state machine per step (wait for the block, push it on, compute, release). Checks
+// that a block is consumed only after it landed, that no slot is overwritten before its tenant was
+// released, and that nothing deadlocks. Between calls, the op handshake: no rank pushes in call k
+// before every rank has started it.
+TEST(RingAttentionPlan, DoubleBufferProtocolSimulation) {
+  std::mt19937 random(13);
+  for (int world = 1; world <= 8; ++world) {
+    for (int trial = 0; trial < 20; ++trial) {
+      const std::vector<uint64_t> ops = {3, 4, 9};
+      struct Slot {
+        int64_t call = -1, origin = -1;
+        bool released = true;
+      };
+      struct Rank {
+        int call = 0, step = 0, phase = 0;  // phase 0: wait for the block, 1: push it on, 2: compute + release
+        Slot slot[2];
+        uint64_t landed[2] = {0, 0}, released[2] = {0, 0};
+      };
+      std::vector<Rank> ranks(world);
+      const RingAttentionPlan p = make_ring_attention_plan(world, 0, 64, true, 1, 1);
+      auto started = [&](int call) {
+        for (const Rank& x : ranks) {
+          if (x.call < call) return false;
+        }
+        return true;
+      };
+      for (;;) {
+        std::vector<int> runnable;
+        bool done = true;
+        for (int r = 0; r < world; ++r) {
+          Rank& x = ranks[r];
+          if (x.call == static_cast<int>(ops.size())) continue;
+          done = false;
+          const uint64_t op = ops[x.call];
+          const int s = x.step;
+          bool can = false;
+          if (x.phase == 0) can = s == 0 || x.landed[s & 1] >= RingAttentionPlan::landed_value(op, s);
+          if (x.phase == 1) can = s + 1 >= world || (started(x.call) && x.released[(s + 1) & 1] >= RingAttentionPlan::release_wait(op, s + 1));
+          if (x.phase == 2) can = true;
+          if (can) runnable.push_back(r);
+        }
+        if (done) break;
+        ASSERT_FALSE(runnable.empty()) << "deadlock, W " << world;
+        const int r = runnable[random() % runnable.size()];
+        Rank& x = ranks[r];
+        const uint64_t op = ops[x.call];
+        const int s = x.step;
+        if (x.phase == 0) {
+          if (s >= 1) {
+            const Slot& held = x.slot[RingAttentionPlan::slot_of_step(s)];
+            ASSERT_EQ(held.call, x.call) << "W " << world << ": rank " << r << " step " << s << " reads a stale block";
+            ASSERT_EQ(held.origin, p.kv_origin(r, s));
+          }
+          x.phase = 1;
+        } else if (x.phase == 1) {
+          if (s + 1 < world) {
+            Rank& next = ranks[(r + 1) % world];
+            Slot& target = next.slot[RingAttentionPlan::slot_of_step(s + 1)];
+            ASSERT_TRUE(target.released) << "W " << world << ": rank " << r << " overwrites a block in use";
+            target = Slot{x.call, p.kv_origin(r, s), false};
+            next.landed[RingAttentionPlan::slot_of_step(s + 1)] = RingAttentionPlan::landed_value(op, s + 1);
+          }
+          x.phase = 2;
+        } else {
+          if (s >= 1) {
+            x.slot[RingAttentionPlan::slot_of_step(s)].released = true;
+            ranks[(r + world - 1) % world].released[RingAttentionPlan::slot_of_step(s)] =
+                RingAttentionPlan::released_value(op, s);
+          }
+          x.phase = 0;
+          if (++x.step == world) {
+            x.step = 0;
+            ++x.call;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(RingAttentionPlan, GqaHeads) {
+  for (int heads_kv : {1, 2, 8, 32}) {
+    const RingAttentionPlan p = make_ring_attention_plan(2, 1, 100, true, 32, heads_kv);
+    std::vector<int> readers(heads_kv, 0);
+    for (int hq = 0; hq < 32; ++hq) {
+      ASSERT_LT(p.kv_head(hq), heads_kv);
+      ++readers[p.kv_head(hq)];
+      EXPECT_EQ(p.kv_head(hq), hq / (32 / heads_kv));  // consecutive query heads share a KV head
+    }
+    for (int n : readers) EXPECT_EQ(n, 32 / heads_kv);
+  }
+}
+
+TEST(RingAttentionPlan, RejectsBadArguments) {
+  EXPECT_THROW(make_ring_attention_plan(0, 0, 16, true, 1, 1), Error);
+  EXPECT_THROW(make_ring_attention_plan(kRingAttentionMaxRanks + 1, 0, 16, true, 1, 1), Error);
+  EXPECT_THROW(make_ring_attention_plan(2, 2, 16, true, 1, 1), Error);
+  EXPECT_THROW(make_ring_attention_plan(2, 0, -1, true, 1, 1), Error);
+  EXPECT_THROW(make_ring_attention_plan(2, 0, int64_t{1} << 31, true, 1, 1), Error);
+  EXPECT_THROW(make_ring_attention_plan(2, 0, 16, true, 32, 6), Error);
+  EXPECT_THROW(make_ring_attention_plan(2, 0, 16, true, 1, 1, 0, 128), Error);
+  EXPECT_NO_THROW(make_ring_attention_plan(kRingAttentionMaxRanks, kRingAttentionMaxRanks - 1, 0, false, 8, 8));
+}
+
+}  // namespace
+}  // namespace interlace
