@@ -240,23 +240,6 @@ NB_MODULE(_interlace, m) {
         "gathered"_a.noconvert() = nb::none(), "shard_rows"_a = std::vector<int64_t>{}, "stream"_a,
         "chunk_rows"_a = 0, "band_m"_a = 0, "tile_n"_a = 0, "pingpong"_a = true);
 
-  m.def("_device_empty",
-        [](std::vector<size_t> shape, const std::string& dtype, int device) {
-          nb::dlpack::dtype dt = parse_dtype(dtype);
-          void* data = nullptr;
-          DeviceGuard guard(device);
-          IL_CUDA_CHECK(cudaMalloc(&data, std::max<size_t>(nbytes_of(shape, dt), 1)));
-          nb::capsule owner(data, [](void* p) noexcept { cudaFree(p); });
-          return nb::ndarray<nb::array_api>(data, shape.size(), shape.data(), owner, nullptr, dt, nb::device::cuda::value,
-                                            device);
-        },
-        "shape"_a, "dtype"_a, "device"_a, "A plain (not symmetric) device allocation, for outputs of the JAX adapter.");
-
-  m.def("_synchronize", [](uintptr_t stream) {
-    nb::gil_scoped_release release;
-    IL_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)));
-  }, "stream"_a);
-
   m.def("gemm",
         [](nb::ndarray<nb::ro> a, nb::ndarray<nb::ro> b, nb::ndarray<> out, uintptr_t stream, int band_m, int tile_n,
            int cluster_m, bool pingpong) {
