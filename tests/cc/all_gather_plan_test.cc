@@ -22,7 +22,7 @@ TEST(AllGatherPlan, CoversEveryByteWithAlignedChunks) {
 TEST(AllGatherPlan, SmallMessagesUseFewCtasLargeOnesAll) {
   EXPECT_EQ(plan_all_gather(1024, 396).num_blocks, 1);
   EXPECT_EQ(plan_all_gather(256ull << 20, 396).num_blocks, 396);
-  EXPECT_EQ(plan_all_gather(256ull << 20, 396).chunk_bytes, kAllGatherMaxChunk);
+  EXPECT_EQ(plan_all_gather(256ull << 20, 396).chunk_bytes, kMaxChunk);
 }
 
 TEST(AllGatherPlan, TuningIsCheckedAndUsed) {

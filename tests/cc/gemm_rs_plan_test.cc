@@ -615,7 +615,7 @@ TEST(ReducePlan, AllReducePicksOneShotForSmallMessages) {
   const ReducePlan big = plan_all_reduce(256ull << 20, 2, 2, 396);
   EXPECT_EQ(big.share_bytes, 128ull << 20);
   EXPECT_EQ(big.num_blocks, 396);
-  EXPECT_EQ(big.chunk_bytes, kReduceMaxChunk);
+  EXPECT_EQ(big.chunk_bytes, kMaxChunk);
   EXPECT_EQ(plan_reduce_scatter(1024, 2, 2, 396).num_blocks, 1);
   const ReducePlan tuned = plan_reduce_scatter(1 << 20, 2, 2, 396, {ReduceAlgorithm::kAuto, 64, 4096});
   EXPECT_EQ(tuned.num_blocks, 64);

@@ -8,28 +8,7 @@
 namespace interlace {
 
 AllGatherPlan plan_all_gather(uint64_t bytes_per_rank, int resident_blocks, AllGatherTuning tuning) {
-  const int most = std::min(resident_blocks, kMaxBlocks);
-  IL_CHECK(tuning.num_blocks >= 0 && tuning.num_blocks <= most, "all_gather: num_blocks must be in [0, ", most,
-           "] (the CTAs that fit on the GPU at once: they wait on each other across GPUs), got ", tuning.num_blocks);
-  IL_CHECK(tuning.chunk_bytes % 16 == 0, "all_gather: chunk_bytes must be a multiple of 16, got ", tuning.chunk_bytes);
-  AllGatherPlan plan;
-  plan.num_blocks = tuning.num_blocks;
-  if (plan.num_blocks == 0) {
-    const uint64_t by_size = (bytes_per_rank + kAllGatherMinChunk - 1) / kAllGatherMinChunk;
-    plan.num_blocks = static_cast<int>(std::clamp<uint64_t>(by_size, 1, static_cast<uint64_t>(most)));
-  }
-  plan.chunk_bytes = tuning.chunk_bytes;
-  if (plan.chunk_bytes == 0) {
-    const uint64_t per_block = (bytes_per_rank + plan.num_blocks - 1) / plan.num_blocks;
-    plan.chunk_bytes = std::clamp<uint64_t>((per_block + 15) / 16 * 16, kAllGatherMinChunk, kAllGatherMaxChunk);
-  }
-  const uint64_t per_round = plan.chunk_bytes * plan.num_blocks;
-  const uint64_t rounds = (bytes_per_rank + per_round - 1) / per_round;
-  IL_CHECK(rounds < (uint64_t{1} << 31), "all_gather: ", bytes_per_rank, " bytes per rank in chunks of ",
-           plan.chunk_bytes, " over ", plan.num_blocks, " CTAs needs ", rounds,
-           " rounds, more than the kernel's 32-bit round counter allows; pass a larger chunk_bytes");
-  plan.rounds = static_cast<int>(rounds);
-  return plan;
+  return plan_chunks("all_gather", bytes_per_rank, resident_blocks, tuning.num_blocks, tuning.chunk_bytes);
 }
 
 namespace {

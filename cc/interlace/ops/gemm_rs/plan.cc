@@ -100,33 +100,20 @@ GemmRsPath choose_gemm_rs_path(int64_t m, int64_t n, int64_t k, int world, GemmR
 
 namespace {
 
-// Splits one share over CTAs and rounds of chunks, as plan_all_gather does.
-void plan_chunks(const char* op, ReducePlan& plan, int resident_blocks, const ReduceTuning& tuning) {
-  const int most = std::min(resident_blocks, kMaxBlocks);
-  IL_CHECK(most >= 1, op, ": no CTA of the kernel fits on the GPU");
-  IL_CHECK(tuning.num_blocks >= 0 && tuning.num_blocks <= most, op, ": num_blocks must be in [0, ", most,
-           "] (the CTAs that fit on the GPU at once: they wait on each other across GPUs), got ", tuning.num_blocks);
-  IL_CHECK(tuning.chunk_bytes % 16 == 0 && tuning.chunk_bytes <= (uint64_t{1} << 30), op,
+// Splits one share over CTAs and rounds of chunks (ops/chunks.h); the reduction kernel also numbers
+// chunks round * num_blocks + block, and offsets within a chunk, in 32 bits.
+void plan_reduce_chunks(const char* op, ReducePlan& plan, int resident_blocks, const ReduceTuning& tuning) {
+  IL_CHECK(tuning.chunk_bytes <= (uint64_t{1} << 30), op,
            ": chunk_bytes must be a multiple of 16 and at most 1 GiB (offsets within a chunk are 32-bit), got ",
            tuning.chunk_bytes);
   const uint64_t share = plan.share_bytes;
-  plan.num_blocks = tuning.num_blocks;
-  if (plan.num_blocks == 0) {
-    const uint64_t by_size = (share + kReduceMinChunk - 1) / kReduceMinChunk;
-    plan.num_blocks = static_cast<int32_t>(std::clamp<uint64_t>(by_size, 1, static_cast<uint64_t>(most)));
-  }
-  plan.chunk_bytes = tuning.chunk_bytes;
-  if (plan.chunk_bytes == 0) {
-    const uint64_t per_block = (share + plan.num_blocks - 1) / plan.num_blocks;
-    plan.chunk_bytes = std::clamp<uint64_t>((per_block + 15) / 16 * 16, kReduceMinChunk, kReduceMaxChunk);
-  }
-  const uint64_t per_round = plan.chunk_bytes * plan.num_blocks;
-  const uint64_t rounds = share / per_round + (share % per_round != 0);
-  // The kernel numbers chunks round * num_blocks + block in 32 bits.
-  IL_CHECK(rounds <= ((uint64_t{1} << 31) - 1) / plan.num_blocks, op, ": a share of ", share, " bytes in chunks of ",
-           plan.chunk_bytes, " over ", plan.num_blocks, " CTAs needs ", rounds,
+  const ChunkPlan chunks = plan_chunks(op, share, resident_blocks, tuning.num_blocks, tuning.chunk_bytes);
+  plan.num_blocks = chunks.num_blocks;
+  plan.chunk_bytes = chunks.chunk_bytes;
+  IL_CHECK(static_cast<uint64_t>(chunks.rounds) <= ((uint64_t{1} << 31) - 1) / plan.num_blocks, op, ": a share of ",
+           share, " bytes in chunks of ", plan.chunk_bytes, " over ", plan.num_blocks, " CTAs needs ", chunks.rounds,
            " rounds, more chunks than the kernel's 32-bit chunk counter allows; pass a larger chunk_bytes");
-  plan.rounds = static_cast<int32_t>(rounds);
+  plan.rounds = chunks.rounds;
   IL_CHECK(share <= std::numeric_limits<uint64_t>::max() / plan.world, op, ": ", plan.world, " staging slots of ",
            share, " bytes overflow 64 bits");
   plan.staging_bytes = share * plan.world;
@@ -155,7 +142,7 @@ ReducePlan plan_reduce_scatter(uint64_t out_bytes, int element_bytes, int world,
   IL_CHECK(out_bytes % 16 == 0, "reduce_scatter: a share of ", out_bytes,
            " bytes must be a multiple of 16 (rows of 16-byte multiples), so that 16-byte vectors stay aligned");
   plan.share_bytes = out_bytes;
-  plan_chunks("reduce_scatter", plan, resident_blocks, tuning);
+  plan_reduce_chunks("reduce_scatter", plan, resident_blocks, tuning);
   return plan;
 }
 
@@ -178,7 +165,7 @@ ReducePlan plan_all_reduce(uint64_t bytes, int element_bytes, int world, int res
   // rank reduces the whole message. Both sum in rank order, so they give the same bits.
   const uint64_t even = bytes / world + (bytes % world != 0);
   plan.share_bytes = plan.algorithm == ReduceAlgorithm::kOneShot ? bytes : even + (16 - even % 16) % 16;
-  plan_chunks("all_reduce", plan, resident_blocks, tuning);
+  plan_reduce_chunks("all_reduce", plan, resident_blocks, tuning);
   return plan;
 }
 

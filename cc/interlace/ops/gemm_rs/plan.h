@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "interlace/base/host_device.h"
+#include "interlace/ops/chunks.h"
 #include "interlace/device/signal_pad.h"
 #include "interlace/gemm/tile_plan.h"
 #include "interlace/ops/row_blocks.h"
@@ -210,10 +211,8 @@ struct ReduceTuning {
   uint64_t chunk_bytes = 0;                             // 0: automatic; a multiple of 16
 };
 
-// all_gather's chunk bounds, a starting point: a reduction reads world chunks for each it writes, so
-// its best sizes may differ (to tune on the GPU).
-constexpr uint64_t kReduceMinChunk = 16 * 1024;
-constexpr uint64_t kReduceMaxChunk = 64 * 1024;
+// Chunks are all_gather's (ops/chunks.h), a starting point: a reduction reads world chunks for each
+// it writes, so its best sizes may differ (to tune on the GPU).
 // all_reduce is one-shot while one rank's push, (world - 1) x the message, is at most this:
 // a placeholder (the end of the latency range), not a measurement.
 constexpr uint64_t kAllReduceOneShotMaxPushBytes = uint64_t{1} << 20;
