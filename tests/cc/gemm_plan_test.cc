@@ -8,6 +8,7 @@
 #include "interlace/base/error.h"
 #include "interlace/gemm/args.h"
 #include "interlace/gemm/tile_plan.h"
+#include "tests/cc/error_of.h"
 
 namespace interlace {
 namespace {
@@ -105,16 +106,6 @@ TensorView view(uintptr_t address, std::vector<int64_t> shape, std::vector<int64
 }
 
 constexpr uintptr_t kA = uintptr_t{1} << 40, kB = uintptr_t{2} << 40, kOut = uintptr_t{3} << 40;
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 #define EXPECT_REJECTS(needle, ...) \
   EXPECT_NE(error_of([&] { check_gemm_args(__VA_ARGS__, 0); }).find(needle), std::string::npos) << #__VA_ARGS__

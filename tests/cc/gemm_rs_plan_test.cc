@@ -13,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "interlace/base/error.h"
+#include "tests/cc/error_of.h"
 
 namespace interlace {
 namespace {
@@ -32,15 +33,6 @@ std::vector<std::vector<int64_t>> random_layouts(uint32_t seed, int count, int m
     layouts.push_back(layout);
   }
   return layouts;
-}
-
-std::string error_of(void (*f)()) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // ---- Owners ------------------------------------------------------------------------------

@@ -26,19 +26,10 @@
 #include "interlace/runtime/socket.h"
 #include "interlace/transport/verbs_backend.h"
 #include "interlace/transport/verbs_library.h"
+#include "tests/cc/error_of.h"
 
 namespace interlace {
 namespace {
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 #define EXPECT_HAS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) << (text)
 
