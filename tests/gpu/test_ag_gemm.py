@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from interlace.bench.launch import run_ranks
+from interlace.bench.launch import expect_ranks_passed, run_ranks
 
 WORKER = os.path.join(os.path.dirname(__file__), "ag_gemm_worker.py")
 WORLD = 2
@@ -22,9 +22,7 @@ pytestmark = pytest.mark.gpus(WORLD)
 
 def run(scenario, timeout_s=150):
     results = run_ranks([WORKER, scenario], WORLD, timeout_s)
-    report = "\n".join(f"----- rank {r} exit {rc}\n{out}" for r, (rc, out) in enumerate(results))
-    assert all(rc == 0 for rc, _ in results), report
-    print(report)
+    expect_ranks_passed(results)
     return results
 
 

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from interlace.bench.launch import run_ranks
+from interlace.bench.launch import expect_ranks_passed, run_ranks
 
 WORKER = os.path.join(os.path.dirname(__file__), "all_gather_worker.py")
 pytestmark = pytest.mark.gpus(2)
@@ -17,9 +17,7 @@ def world_size():
 
 def run(scenario, timeout_s=600, world=None):
     results = run_ranks([WORKER, scenario], world or world_size(), timeout_s)
-    report = "\n".join(f"----- rank {r} exit {rc}\n{out}" for r, (rc, out) in enumerate(results))
-    assert all(rc == 0 for rc, _ in results), report
-    print(report)
+    expect_ranks_passed(results)
     return results
 
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from interlace.bench.launch import run_ranks
+from interlace.bench.launch import expect_ranks_passed, run_ranks
 
 WORKER = os.path.join(os.path.dirname(__file__), "jax_ffi_worker.py")
 pytestmark = pytest.mark.gpus(2)
@@ -30,7 +30,4 @@ def test_jax_jit_ops():
     count, why = jax_gpu_count()
     if count < 2:
         pytest.skip(why or f"jax sees {count} GPU(s), needs 2")
-    results = run_ranks([WORKER], 2, 300)
-    report = "\n".join(f"----- rank {r} exit {rc}\n{out}" for r, (rc, out) in enumerate(results))
-    assert all(rc == 0 for rc, _ in results), report
-    print(report)
+    expect_ranks_passed(run_ranks([WORKER], 2, 300))

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from interlace.bench.launch import run_ranks
+from interlace.bench.launch import expect_ranks_passed, run_ranks
 
 WORKER = os.path.join(os.path.dirname(__file__), "runtime_worker.py")
 pytestmark = pytest.mark.gpus(2)
@@ -35,11 +35,8 @@ def record_faults(results):
 
 def run(scenario, ranks_that_must_pass=None, timeout_s=300):
     results = run_ranks([WORKER, scenario], world_size(), timeout_s)
-    report = "\n".join(f"----- rank {r} exit {rc}\n{out}" for r, (rc, out) in enumerate(results))
-    must = range(len(results)) if ranks_that_must_pass is None else ranks_that_must_pass
     record_faults(results)
-    assert all(results[r][0] == 0 for r in must), report
-    print(report)
+    expect_ranks_passed(results, ranks_that_must_pass)
     return results
 
 

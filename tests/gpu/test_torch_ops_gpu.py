@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from interlace.bench.launch import run_ranks
+from interlace.bench.launch import expect_ranks_passed, run_ranks
 
 WORKER = os.path.join(os.path.dirname(__file__), "torch_ops_worker.py")
 pytestmark = pytest.mark.gpus(2)
@@ -14,5 +14,4 @@ pytestmark = pytest.mark.gpus(2)
 def test_torch_ops(mode):
     import torch
     results = run_ranks([WORKER, mode], torch.cuda.device_count(), 300)
-    report = "\n".join(f"----- rank {r} exit {rc}\n{out}" for r, (rc, out) in enumerate(results))
-    assert all(rc == 0 for rc, _ in results), report
+    expect_ranks_passed(results)

@@ -57,3 +57,14 @@ def run_ranks(argv, world_size, timeout_s, extra_env=None):
             t.join(timeout=10)  # a rank's child could hold the pipe open; take what came
     return [(p.returncode, "".join(out) + (f"\n[launcher] killed after {timeout_s} s" if killed else ""))
             for p, out, killed in zip(procs, outputs, late)]
+
+
+def expect_ranks_passed(results, ranks=None) -> str:
+    """For tests: raises AssertionError with every rank's output unless the given ranks (default:
+    all) of run_ranks' results exited 0; otherwise prints that output and returns it."""
+    report = "\n".join(f"----- rank {r} exit {rc}\n{out}" for r, (rc, out) in enumerate(results))
+    must = range(len(results)) if ranks is None else ranks
+    if not all(results[r][0] == 0 for r in must):
+        raise AssertionError(report)
+    print(report)
+    return report
