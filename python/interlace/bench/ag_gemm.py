@@ -230,7 +230,7 @@ def measure(group, torch_fused, m, k, n, series, rank, world, tunings):
     methods["gemm_alone"] = lambda: interlace.gemm(a_full, b, out_alone)
 
     iters = iters_for(m, k, n_local)
-    medians = time_collective(methods, FLAGS.warmup, iters)
+    medians = common.time_collective(methods, FLAGS.warmup, iters)
     group.check()
     row["iters"] = iters
     row["ms"] = {label: medians.get(label) for label in METHODS}
@@ -241,17 +241,6 @@ def measure(group, torch_fused, m, k, n, series, rank, world, tunings):
     row["speedup_vs_torch_fused"] = ms["torch_fused"] / ms["interlace"] if ms["torch_fused"] else None
     row["ratio_to_gemm_alone"] = ms["interlace"] / ms["gemm_alone"]
     return row
-
-
-def time_collective(methods, warmup, iters):
-    """Median ms per launch of each method, the methods alternating in blocks (common.time_interleaved:
-    the same clocks for all), every rank in step; for each method the slower rank's median."""
-    torch.cuda.synchronize()
-    dist.barrier()
-    medians = common.time_interleaved(methods, warmup, iters)
-    t = torch.tensor(list(medians.values()), device="cuda", dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return dict(zip(medians, t.tolist()))
 
 
 def report(rows, world):

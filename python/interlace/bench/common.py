@@ -79,6 +79,17 @@ def time_interleaved(fns: dict, warmup: int, iters: int, rounds: int = 5) -> dic
     return {label: statistics.median(t) for label, t in times.items()}
 
 
+def time_collective(methods, warmup, iters):
+    """Median ms per launch of each method, the methods alternating in blocks (common.time_interleaved:
+    the same clocks for all), every rank in step; for each method the slower rank's median."""
+    torch.cuda.synchronize()
+    dist.barrier()
+    medians = time_interleaved(methods, warmup, iters)
+    t = torch.tensor(list(medians.values()), device="cuda", dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return dict(zip(medians, t.tolist()))
+
+
 def environment(command: str, distributed: bool = True) -> dict:
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     return {
