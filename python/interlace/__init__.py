@@ -84,7 +84,7 @@ def gemm(a, b, out, *, stream=None, band_m=0, tile_n=0, cluster_m=0, pingpong=Tr
 
 
 def ag_gemm(a_shard, b, out, group, *, gathered=None, shard_rows=None, stream=None, chunk_rows=0, band_m=0, tile_n=0,
-            pingpong=True):
+            pingpong=True, copy_ctas=0):
     """out[M, N] = A[M, K] @ b, where A is every rank's a_shard ([M_r, K], row-major) stacked in rank
     order, in one launch: the shards travel over NVLink while the GEMM computes on the rows that have
     landed (this rank's own first). b is [K, N], row-major or column-major (a Linear weight w [N, K]
@@ -94,7 +94,8 @@ def ag_gemm(a_shard, b, out, group, *, gathered=None, shard_rows=None, stream=No
     (group.empty) is written in place, an ordinary one is copied into from heap scratch.
     Tuning (0: automatic): chunk_rows, rows per transfer chunk; band_m, as in gemm; pingpong (default),
     consumer warpgroups on alternate 128 x 128 tiles, else cooperative tiles of width tile_n (128 or
-    256). Stream-ordered, graph-capturable;
+    256); copy_ctas, SMs set aside to push the shard (a multiple of 2; -1: none, the GEMM's idle
+    producer warps push). Stream-ordered, graph-capturable;
     raises interlace.Error before any GPU work on bad arguments."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: interlace.ag_gemm writes into out")
@@ -104,4 +105,4 @@ def ag_gemm(a_shard, b, out, group, *, gathered=None, shard_rows=None, stream=No
     _C.ag_gemm(_frameworks.as_dlpack(a_shard), _frameworks.as_dlpack(b), _frameworks.as_dlpack(out), native,
                gathered=None if gathered is None else _frameworks.as_dlpack(gathered),
                shard_rows=[] if shard_rows is None else [int(r) for r in shard_rows], stream=stream,
-               chunk_rows=chunk_rows, band_m=band_m, tile_n=tile_n, pingpong=pingpong)
+               chunk_rows=chunk_rows, band_m=band_m, tile_n=tile_n, pingpong=pingpong, copy_ctas=copy_ctas)

@@ -127,6 +127,21 @@ TEST(AgGemmPlan, ChunkRows) {
   EXPECT_EQ(ag_gemm_chunk_rows(make_ag_gemm_rows({0, 0}, 1), 16, 132, 1000), 1);
 }
 
+TEST(AgGemmPlan, CopyCtas) {
+  const AgGemmRows rows = make_ag_gemm_rows({4096, 4096}, 0);
+  EXPECT_EQ(ag_gemm_copy_ctas(rows, 16384, 132, 2, 0), kAgGemmCopyCtas);
+  EXPECT_EQ(ag_gemm_copy_ctas(rows, 16384, 132, 2, -1), 0);  // the idle producer warps push
+  EXPECT_EQ(ag_gemm_copy_ctas(rows, 16384, 132, 2, 16), 16);
+  EXPECT_EQ(ag_gemm_copy_ctas(rows, 16384, 132, 2, 130), 130);  // one cluster still computes
+  EXPECT_THROW(ag_gemm_copy_ctas(rows, 16384, 132, 2, 132), Error);
+  EXPECT_THROW(ag_gemm_copy_ctas(rows, 16384, 132, 2, 3), Error);
+  EXPECT_EQ(ag_gemm_copy_ctas(rows, 16384, 6, 2, 0), 4);  // a small GPU keeps a cluster for the GEMM
+  // Every rank chooses alike, an empty shard too; nothing to push: no rows at all, or no peer.
+  EXPECT_EQ(ag_gemm_copy_ctas(make_ag_gemm_rows({0, 8}, 0), 16384, 132, 2, 0), kAgGemmCopyCtas);
+  EXPECT_EQ(ag_gemm_copy_ctas(make_ag_gemm_rows({0, 0}, 0), 16384, 132, 2, 0), 0);
+  EXPECT_EQ(ag_gemm_copy_ctas(make_ag_gemm_rows({8}, 0), 16384, 132, 2, 0), 0);
+}
+
 TEST(AgGemmPlan, BadLayoutsRaise) {
   EXPECT_THROW(make_ag_gemm_rows({}, 0), Error);
   EXPECT_THROW(make_ag_gemm_rows({4, -1}, 0), Error);

@@ -19,8 +19,10 @@ torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 torch.backends.cuda.matmul.allow_tf32 = False  # the reference is true fp32
 # A stuck wait becomes an error naming the flag after this long, rather than a hang.
 TIMEOUT_S = 20.0
-# Tile configurations each case runs with: automatic (ping-pong), and cooperative tiles of each width.
-PATHS = ({}, {"pingpong": False, "tile_n": 128}, {"pingpong": False, "tile_n": 256, "band_m": 1})
+# Configurations each case runs with: automatic (ping-pong, CTAs set aside to push), cooperative tiles
+# of each width, and each way of pushing (the GEMM's idle warps; a single pushing cluster).
+PATHS = ({}, {"pingpong": False, "tile_n": 128, "copy_ctas": -1}, {"pingpong": False, "tile_n": 256, "band_m": 1},
+         {"copy_ctas": 2})
 
 # (rows, K, N[, tuning]). Rank q holds rows[q % len(rows)] rows, so every rank knows every shard's size
 # at any world size. Together: whole 128-row tiles and tails; a shard much smaller than the other;
@@ -222,10 +224,10 @@ def scenario_streams():
     for j, c in enumerate(cases):
         stream = (s1, s2)[j % 2]
         if j % 3 == 2:  # the stream as a handle
-            c.call(group, path=PATHS[j % 3], stream=stream.cuda_stream)
+            c.call(group, path=PATHS[j % len(PATHS)], stream=stream.cuda_stream)
         else:
             with torch.cuda.stream(stream):
-                c.call(group, path=PATHS[j % 3])
+                c.call(group, path=PATHS[j % len(PATHS)])
         if j % 5 == 2:
             with torch.cuda.stream((s2, s1)[j % 2]):
                 interlace.all_gather(ag_out[j // 5], ag_in[j // 5], group)
@@ -357,6 +359,8 @@ def scenario_validation():
         (lambda: ag_gemm(a, b.cpu(), out, group), ["cpu"]),
         # tuning, and shard lists that do not fit
         (lambda: ag_gemm(a, b, out, group, chunk_rows=-1), ["chunk_rows"]),
+        (lambda: ag_gemm(a, b, out, group, copy_ctas=3), ["copy_ctas"]),
+        (lambda: ag_gemm(a, b, out, group, copy_ctas=100000), ["copy_ctas"]),
         (lambda: ag_gemm(a, b, out, group, tile_n=96), ["tile_n"]),
         (lambda: interlace.ag_gemm(a, b, out, group, shard_rows=counts[:-1]), ["shard_rows"]),
         (lambda: interlace.ag_gemm(a, b, out, group, shard_rows=[c + 1 for c in counts]), ["shard_rows"]),

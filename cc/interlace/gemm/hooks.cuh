@@ -10,6 +10,9 @@
 //                                           false stops the CTA (and its cluster)
 //   Phases::helpers(params, i, count)      the producer warpgroup's idle warps (threads i of count),
 //                                           during the GEMM: e.g. pushing this rank's inputs to peers
+//   Phases::copy(params, cta, ctas)        every thread of the copier CTAs (GemmParams::copy_ctas of
+//                                           them; cta counts from 0), instead of any tile: e.g. the
+//                                           transfers, when idle warps push too slowly
 //   Phases::end(params)                    every thread of every CTA, last, after a __syncthreads
 // The plain versions below compile to nothing (NoInputWait, NoPhases) and a predicated store
 // (StoreTile). InputWait::wait must return even when what it waits for never comes (its wait is
@@ -28,6 +31,7 @@ struct NoPhases {
   struct Params {};
   __device__ static bool begin(const Params&) { return true; }
   __device__ static void helpers(const Params&, int /*thread*/, int /*threads*/) {}
+  __device__ static void copy(const Params&, int /*cta*/, int /*ctas*/) {}
   __device__ static void end(const Params&) {}
 };
 

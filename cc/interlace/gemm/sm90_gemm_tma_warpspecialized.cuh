@@ -8,6 +8,8 @@
 //             mainloop or, where the wait says so, mainloop_alt) and B k-slices
 //             into a ring of shared-memory stages;
 //   Helpers   (warpgroup 0, warps 1-3): Phases::helpers, e.g. a fused op's transfers to peers;
+//   Copiers   (the last copy_ctas CTAs, whole clusters, every thread): Phases::copy instead of the
+//             GEMM: the SM budget a fused op gives its transfers, where idle warps push too slowly;
 //   Consumer0/Consumer1 (warpgroups 1, 2): wgmma on the stages into fp32 registers, then
 //             Epilogue::store of the finished tile, in one loop whose schedule is a policy
 //             (Config::Schedule, sm90_config.cuh). Cooperative: both share each tile (64 rows
@@ -42,12 +44,15 @@ struct GemmParams {
   typename InputWait::Params input_wait;
   typename Epilogue::Params epilogue;
   typename Phases::Params phases;
+  // The last copy_ctas CTAs of the grid (a multiple of the cluster size) run Phases::copy and no
+  // tiles; the others walk the order. 0 for a plain GEMM.
+  int32_t copy_ctas;
 };
 
 enum class WarpGroupRole { Producer = 0, Consumer0 = 1, Consumer1 = 2 };
 
 // The tile scheduler every role asks. The cluster takes positions cluster_id, + num_clusters, ... of
-// the order; of those, a role that shares them with others (ping-pong consumers) takes every
+// the order (num_clusters: the clusters that compute, gemm_ctas / kClusterM); of those, a role that shares them with others (ping-pong consumers) takes every
 // walkers-th, starting with the walker-th. A tile row past the problem (the second CTA of a cluster
 // when the tile rows are odd) still runs the mainloop, since its cluster partner's B multicast lands
 // in its shared memory; TMA reads zeros for it and the epilogue stores nothing.
@@ -59,10 +64,11 @@ struct TileWalk {
   int32_t step;
   int32_t rank_in_cluster;
 
-  __device__ TileWalk(const typename Order::Params& order_, int32_t num_tiles_, int walker = 0, int walkers = 1)
+  __device__ TileWalk(const typename Order::Params& order_, int32_t num_tiles_, int32_t gemm_ctas, int walker = 0,
+                      int walkers = 1)
       : order(order_), num_tiles(num_tiles_),
-        next(blockIdx.x / kClusterM + walker * static_cast<int32_t>(gridDim.x / kClusterM)),
-        step(walkers * static_cast<int32_t>(gridDim.x / kClusterM)), rank_in_cluster(blockIdx.x % kClusterM) {}
+        next(static_cast<int32_t>(blockIdx.x) / kClusterM + walker * (gemm_ctas / kClusterM)),
+        step(walkers * (gemm_ctas / kClusterM)), rank_in_cluster(blockIdx.x % kClusterM) {}
 
   __device__ bool get(int* m_idx, int* n_idx) {
     if (next >= num_tiles) return false;
@@ -83,7 +89,7 @@ __device__ __forceinline__ void run_producer(const Params& params, typename Conf
   typename Config::Mainloop mainloop;
   auto state = cutlass::make_producer_start_state<typename Config::Pipeline>();
   auto k_shape = shape<3>(get<0>(load_inputs));
-  TileWalk<Order, Config::kClusterM> walk(params.order, params.num_tiles);
+  TileWalk<Order, Config::kClusterM> walk(params.order, params.num_tiles, gridDim.x - params.copy_ctas);
   int m_idx, n_idx;
   while (walk.get(&m_idx, &n_idx)) {
     const bool alt = InputWait::wait(params.input_wait, m_idx, n_idx);
@@ -109,7 +115,8 @@ __device__ __forceinline__ void run_consumer(const Params& params, typename Conf
   typename Config::PipelineState state;
   const int mma_thread_idx = threadIdx.x % Schedule::kStageConsumers;
   const int walker = Schedule::walker(group);
-  TileWalk<Order, Config::kClusterM> walk(params.order, params.num_tiles, walker, Schedule::kWalkers);
+  TileWalk<Order, Config::kClusterM> walk(params.order, params.num_tiles, gridDim.x - params.copy_ctas, walker,
+                                          Schedule::kWalkers);
   state.advance(walker * k_tiles);
   int m_idx, n_idx;
   while (walk.get(&m_idx, &n_idx)) {
@@ -166,6 +173,13 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   if constexpr (!std::is_same_v<Phases, NoPhases>) {
     __shared__ int runs;
     if (!whole_cluster_runs<Config::kClusterM>(&runs, Phases::begin(params.phases))) return;
+    const int32_t gemm_ctas = static_cast<int32_t>(gridDim.x) - params.copy_ctas;
+    if (static_cast<int32_t>(blockIdx.x) >= gemm_ctas) {  // a copier: no pipeline, no tiles
+      Phases::copy(params.phases, static_cast<int>(blockIdx.x) - gemm_ctas, params.copy_ctas);
+      __syncthreads();
+      Phases::end(params.phases);
+      return;
+    }
   }
   extern __shared__ __align__(128) char smem[];
   auto& shared = *reinterpret_cast<typename Config::SharedStorage*>(smem);

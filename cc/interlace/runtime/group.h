@@ -37,7 +37,10 @@ struct GroupOptions {
   std::string node_name;               // ranks with the same name share NVLink; default: the hostname
 };
 
-class Group {
+// Shared ownership: Python holds a Group through std::shared_ptr (make_shared in the binding), and
+// enable_shared_from_this lets nanobind hand C++ that same owner when Python passes the group back,
+// so a std::weak_ptr taken then (the XLA FFI registry) lives as long as the Python object does.
+class Group : public std::enable_shared_from_this<Group> {
  public:
   explicit Group(GroupOptions options);
   ~Group();

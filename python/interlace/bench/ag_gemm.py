@@ -36,7 +36,8 @@ flags.DEFINE_list("sizes", [], "global shapes MxKxN, or M (both sweeps' K and N)
 flags.DEFINE_integer("warmup", 10, "")
 flags.DEFINE_integer("iters", 50, "at most; big shapes get fewer (about 0.3 s of timed launches per method)")
 flags.DEFINE_list("tunings", [], "interlace settings to time besides the automatic ones, "
-                  "chunk_rows:tile_n:band_m:pingpong (0 = automatic; pingpong 1 or 0)")
+                  "chunk_rows:tile_n:band_m:pingpong:copy_ctas (0 = automatic; pingpong 1 or 0; copy_ctas -1: "
+                  "the idle producer warps push)")
 flags.DEFINE_string("command", "", "")
 
 HEADLINE = [(8192, 8192, 14336), (4096, 8192, 8192), (16384, 8192, 8192)]
@@ -137,10 +138,10 @@ def main(_):
     for m, k, n, _ in shapes:
         if m % world or n % world or m <= 0 or k <= 0 or n <= 0:
             raise SystemExit(f"shape M={m} K={k} N={n}: M and N must be positive multiples of the {world} ranks")
-    tunings = [(0, 0, 0, 1)]  # the automatic settings are always timed, as "interlace"
+    tunings = [(0, 0, 0, 1, 0)]  # the automatic settings are always timed, as "interlace"
     for t in FLAGS.tunings:
-        fields = [int(f or 0) for f in t.split(":")] + [0, 0, 0, 1][len(t.split(":")):]
-        tuning = tuple(fields[:4])
+        fields = [int(f or 0) for f in t.split(":")] + [0, 0, 0, 1, 0][len(t.split(":")):]
+        tuning = tuple(fields[:5])
         if tuning not in tunings:
             tunings.append(tuning)
     # Room for the largest gathered A twice (op scratch: receive buffer and more) and flags.
@@ -184,10 +185,11 @@ def measure(group, torch_fused, m, k, n, series, rank, world, tunings):
     out = torch.empty(m, n_local, device="cuda", dtype=DTYPE)
     # Symmetric (group.empty): the shards land in it directly, as they do in NCCL's output.
     gathered = itorch.empty(group, (m, k), DTYPE)
-    for chunk, tile_n, band_m, pingpong in tunings:
-        automatic = (chunk, tile_n, band_m, pingpong) == (0, 0, 0, 1)
-        label = "interlace" if automatic else f"interlace[{chunk}:{tile_n}:{band_m}:{pingpong}]"
-        kwargs = {"chunk_rows": chunk, "tile_n": tile_n, "band_m": band_m, "pingpong": bool(pingpong)}
+    for chunk, tile_n, band_m, pingpong, copy_ctas in tunings:
+        automatic = (chunk, tile_n, band_m, pingpong, copy_ctas) == (0, 0, 0, 1, 0)
+        label = "interlace" if automatic else f"interlace[{chunk}:{tile_n}:{band_m}:{pingpong}:{copy_ctas}]"
+        kwargs = {"chunk_rows": chunk, "tile_n": tile_n, "band_m": band_m, "pingpong": bool(pingpong),
+                  "copy_ctas": copy_ctas}
         out.fill_(float("nan"))
         gathered.fill_(float("nan"))
         interlace.ag_gemm(a_shard, b, out, group, gathered=gathered, **kwargs)

@@ -4,18 +4,19 @@
 // a symmetric buffer at the same heap offset on every rank, with three hooks filled in:
 //   Phases::begin    the op handshake (device/op_sequence.cuh): peers run the same call, and their
 //                    previous op is done with the gathered buffer this rank is about to write;
-//   Phases::helpers  the producer warpgroup's three idle warps of every CTA push this rank's shard,
-//                    chunk by chunk, into every rank's gathered buffer (rank + 1, rank + 2, ...: the
-//                    order in which they need it; its own last), and raise the chunk's flag there
-//                    once the chunk's stores are visible; then they wait for the chunks that peers
-//                    push to this CTA's share, so `gathered` is whole when the kernel ends;
+//   Phases::copy     the pushers, copy_ctas whole CTAs set aside from the GEMM (the SM budget), push
+//                    this rank's shard, chunk by chunk, into every rank's gathered buffer (rank + 1,
+//                    rank + 2, ...: the order in which they need it; its own last), and raise the
+//                    chunk's flag there once the chunk's stores are visible; then they wait for the
+//                    chunks that peers push to their share, so `gathered` is whole when the kernel
+//                    ends. With copy_ctas = 0 the producer warpgroup's three idle warps of every CTA
+//                    do the same (Phases::helpers), taking no SM from the GEMM but pushing slower;
 //   InputWait        before the producer loads a tile's A rows, it waits for the flags of the chunks
 //                    that hold them, then fence.proxy.async so that TMA (the async proxy) sees what
 //                    the peers' SM stores (the generic proxy) wrote.
 // The tile order (AgGemmOrder) starts with this rank's own shard, whose tiles read it in place (a
 // second TMA descriptor for A, with no wait), and follows the order in which the others arrive, so
-// the tensor cores have work while the network is busy. The transfers take no SM
-// from the GEMM: they use warps that would otherwise idle.
+// the tensor cores have work while the network is busy.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +39,7 @@ struct AgGemmShared {
   uint64_t gathered;        // heap offset of the gathered A ([M, K]) on every rank
   int64_t row_bytes;        // K * element size, a multiple of 16
   int64_t chunk_rows;
+  int32_t copy_ctas;        // CTAs that push (Phases::copy); 0: every CTA's idle warps push
   bool own_in_place;        // tiles of this rank's rows alone load them from shard (mainloop_alt)
 };
 
@@ -65,10 +67,10 @@ __device__ __forceinline__ int64_t chunks_of(const AgGemmShared& s, int q) {
   return (s.rows.start[q + 1] - s.rows.start[q] + s.chunk_rows - 1) / s.chunk_rows;
 }
 
-// Copies bytes (a multiple of 16, both ends 16-byte aligned) with `threads` threads, four vectors in
-// flight per thread (what keeps NVLink stores streaming).
+// Copies bytes (a multiple of 16, both ends 16-byte aligned) with `threads` threads, kUnroll vectors
+// in flight per thread (what keeps NVLink stores streaming).
+template <int kUnroll>
 __device__ __forceinline__ void copy_vectors(char* dst, const char* src, uint64_t bytes, int thread, int threads) {
-  constexpr int kUnroll = 4;
   const uint4* s = reinterpret_cast<const uint4*>(src);
   uint4* d = reinterpret_cast<uint4*>(dst);
   const uint64_t n = bytes / 16;
@@ -84,6 +86,42 @@ __device__ __forceinline__ void copy_vectors(char* dst, const char* src, uint64_
   for (; i < n; i += threads) d[i] = s[i];
 }
 
+// Pusher `worker` of `workers` (threads thread of threads, which share named barrier 0) pushes
+// chunks worker, worker + workers, ... of this rank's shard to every rank, peers first, rank + 1
+// first (the order in which they need it); this rank's own copy last, since its own tiles read the
+// shard in place (own_in_place): only tiles that span shards, which come later, and `gathered`
+// need it. Then it waits for the same chunks of every peer's shard, so that gathered is whole when
+// the kernel ends, even where no tile needed them (N = 0).
+template <int kUnroll>
+__device__ __forceinline__ void push_and_settle(const AgGemmShared& p, int worker, int workers, int thread,
+                                                int threads) {
+  const device::NvlinkTransport& t = p.transport;
+  const uint64_t number = op_number(t);
+  const int me = t.local_rank;
+  const int64_t chunks = chunks_of(p, me);
+  const int64_t my_rows = p.rows.start[me + 1] - p.rows.start[me];
+  AgGemmFlags& f = flags(t);
+  for (int k = 1; k <= t.local_size; ++k) {
+    const int q = (me + k) % t.local_size;
+    for (int64_t c = worker; c < chunks; c += workers) {
+      const int64_t first = c * p.chunk_rows;
+      const int64_t rows = min(p.chunk_rows, my_rows - first);
+      const uint64_t at = p.gathered + static_cast<uint64_t>((p.rows.start[me] + first) * p.row_bytes);
+      copy_vectors<kUnroll>(t.heaps[q] + at, p.shard + first * p.row_bytes, static_cast<uint64_t>(rows * p.row_bytes),
+                            thread, threads);
+      cutlass::arch::NamedBarrier::sync(threads, 0);  // the chunk's stores are all issued
+      if (thread == 0) t.signal(q, &f.arrived[me][c], number);
+    }
+  }
+  int i = 0;
+  for (int q = 0; q < t.local_size; ++q) {
+    if (q == me) continue;
+    for (int64_t c = worker; c < chunks_of(p, q); c += workers, ++i) {
+      if (i % threads == thread) t.wait(&f.arrived[q][c], number, p.wait, FlagId::kChunk, q);
+    }
+  }
+}
+
 }  // namespace ag_gemm_detail
 
 struct AgGemmPhases {
@@ -97,38 +135,13 @@ struct AgGemmPhases {
     return start == device::kRun;
   }
 
+  // The producer warpgroup's idle warps of every CTA, unless CTAs are set aside to push.
   __device__ static void helpers(const Params& p, int thread, int threads) {
-    using namespace ag_gemm_detail;
-    const device::NvlinkTransport& t = p.transport;
-    const uint64_t number = op_number(t);
-    const int me = t.local_rank;
-    const int64_t chunks = chunks_of(p, me);
-    const int64_t my_rows = p.rows.start[me + 1] - p.rows.start[me];
-    AgGemmFlags& f = flags(t);
-    // Peers first, rank + 1 first (the order in which they need this shard); this rank's own copy
-    // last, since its own tiles read the shard in place (own_in_place); only tiles that span shards,
-    // which come later, and `gathered` need it.
-    for (int k = 1; k <= t.local_size; ++k) {
-      const int q = (me + k) % t.local_size;
-      for (int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
-        const int64_t first = c * p.chunk_rows;
-        const int64_t rows = min(p.chunk_rows, my_rows - first);
-        const uint64_t at = p.gathered + static_cast<uint64_t>((p.rows.start[me] + first) * p.row_bytes);
-        copy_vectors(t.heaps[q] + at, p.shard + first * p.row_bytes, static_cast<uint64_t>(rows * p.row_bytes), thread,
-                     threads);
-        cutlass::arch::NamedBarrier::sync(threads, 0);  // the chunk's stores are all issued
-        if (thread == 0) t.signal(q, &f.arrived[me][c], number);
-      }
-    }
-    // The peers' chunks of this CTA's share: once they are here, gathered is whole when the kernel
-    // ends, even where no tile needed them (N = 0).
-    int i = 0;
-    for (int q = 0; q < t.local_size; ++q) {
-      if (q == me) continue;
-      for (int64_t c = blockIdx.x; c < chunks_of(p, q); c += gridDim.x, ++i) {
-        if (i % threads == thread) t.wait(&f.arrived[q][c], number, p.wait, FlagId::kChunk, q);
-      }
-    }
+    if (p.copy_ctas == 0) ag_gemm_detail::push_and_settle<4>(p, blockIdx.x, gridDim.x, thread, threads);
+  }
+
+  __device__ static void copy(const Params& p, int cta, int ctas) {
+    ag_gemm_detail::push_and_settle<8>(p, cta, ctas, threadIdx.x, blockDim.x);
   }
 
   __device__ static void end(const Params& p) { device::op_end(p.transport); }

@@ -105,6 +105,7 @@ void launch(const Launch& l, cudaStream_t stream) {
   params.input_wait = l.shared;
   params.epilogue = {static_cast<typename Config::Element*>(l.out), l.problem.ldc};
   params.phases = l.shared;
+  params.copy_ctas = l.shared.copy_ctas;
   gemm_engine::launch_kernel<Config>(V::kernel(), params, l.ctas, stream);
 }
 
@@ -183,9 +184,10 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
              "ag_gemm: ping-pong tiles are 128 wide; tile_n=", tuning.tile_n, " needs pingpong=False");
     IL_CHECK(tuning.band_m >= 0, "ag_gemm: band_m must be >= 0 (0: automatic)");
     IL_CHECK(tuning.chunk_rows >= 0, "ag_gemm: chunk_rows must be >= 0 (0: automatic), got ", tuning.chunk_rows);
+    IL_CHECK(tuning.copy_ctas == -1 || (tuning.copy_ctas >= 0 && tuning.copy_ctas % kClusterM == 0), "ag_gemm: copy_ctas must be -1, 0 "
+             "(automatic) or a positive multiple of ", kClusterM, ", got ", tuning.copy_ctas);
     AgGemmShared& s = l.shared;
     s.rows = make_ag_gemm_rows(rows, topo.local_rank, 128);
-    s.chunk_rows = ag_gemm_chunk_rows(s.rows, row_bytes, group.num_sms(), tuning.chunk_rows);
 
     // Where the shards land: gathered itself when it is symmetric, else heap scratch. (Scratch grown
     // here stays with the group even if a check below fails: growth is safe at any time.)
@@ -218,6 +220,8 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
     with_variant(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
                  [&](auto v) { l.ctas = resident_ctas<decltype(v)>(group.device(), group.num_sms()); });
     IL_CHECK(l.ctas >= kClusterM, "ag_gemm: no cluster of the kernel fits on the GPU");
+    s.copy_ctas = ag_gemm_copy_ctas(s.rows, row_bytes, l.ctas, kClusterM, tuning.copy_ctas);
+    s.chunk_rows = ag_gemm_chunk_rows(s.rows, row_bytes, s.copy_ctas ? s.copy_ctas : l.ctas, tuning.chunk_rows);
     l.num_tiles = l.problem.k == 0 ? 0 : grid.num_tiles();
     l.order = AgGemmOrder::make(make_ag_gemm_rows(rows, topo.local_rank, 128 * kClusterM), grid.tiles_n, band_m);
     for (int q = 0; q < topo.local_size(); ++q) s.transport.heaps[q] = heap.base(q);
@@ -242,7 +246,7 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
     return concat("ag_gemm(m=", m, ", k=", k, ", n=", l.problem.n, ", shards=[", shards, "], dtype=",
                   a_shard.dtype_name(), ", b=", l.problem.b_k_major ? "k-major" : "n-major", ", landing=", landing,
                   ", gathered=", gathered ? (copy_out ? "ordinary" : "symmetric") : "none", ", chunk_rows=",
-                  s.chunk_rows, ", tile_n=", tile_n, ", band_m=", band_m, ", pingpong=", tuning.pingpong, ")");
+                  s.chunk_rows, ", copy_ctas=", s.copy_ctas, ", tile_n=", tile_n, ", band_m=", band_m, ", pingpong=", tuning.pingpong, ")");
   });
   l.shared.signature = signature;
   call.launch([&](cudaStream_t s) {

@@ -19,6 +19,18 @@ AgGemmOrder::Params AgGemmOrder::make(const AgGemmRows& rows, int32_t tiles_n, i
       rows.tiles_m(), rows.world, [&rows](int32_t t) { return rows.slot_of(t); }, tiles_n, band_m, "ag_gemm");
 }
 
+int ag_gemm_copy_ctas(const AgGemmRows& rows, int64_t row_bytes, int ctas, int cluster, int requested) {
+  if (requested > 0) {
+    IL_CHECK(requested % cluster == 0 && requested <= ctas - cluster, "ag_gemm: copy_ctas=", requested,
+             " must be a multiple of ", cluster, " and leave a cluster of the ", ctas, " resident CTAs to compute");
+    return requested;
+  }
+  // Every rank must choose alike (the chunks and the grid are part of the call), so only what all
+  // ranks know decides: whether any rank has rows to send to a peer.
+  if (requested < 0 || rows.world == 1 || rows.m() * row_bytes == 0) return 0;
+  return std::min(kAgGemmCopyCtas, (ctas - cluster) / cluster * cluster);
+}
+
 int64_t ag_gemm_chunk_rows(const AgGemmRows& rows, int64_t row_bytes, int ctas, int64_t requested) {
   int64_t largest = 0;
   for (int q = 0; q < rows.world; ++q) largest = std::max(largest, rows.rows_of(q));

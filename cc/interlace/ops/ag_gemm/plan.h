@@ -51,6 +51,12 @@ struct AgGemmOrder : SlotOrder {
 // (no more than the largest shard).
 int64_t ag_gemm_chunk_rows(const AgGemmRows& rows, int64_t row_bytes, int ctas, int64_t requested);
 
+// CTAs set aside to push this rank's shard (AgGemmTuning::copy_ctas), a multiple of `cluster` that
+// leaves at least one cluster of the `ctas` to compute. Automatic (requested 0): kAgGemmCopyCtas
+// when there are peers and rows, else none; -1: none (the GEMM CTAs' idle warps push).
+constexpr int kAgGemmCopyCtas = 8;
+int ag_gemm_copy_ctas(const AgGemmRows& rows, int64_t row_bytes, int ctas, int cluster, int requested);
+
 // The tile rows in visiting order: slot by slot (this rank's shard, then peers' as they arrive),
 // ascending within a slot. Host reference; the kernel walks the same order in closed form.
 std::vector<int32_t> ag_gemm_tile_row_order(const AgGemmRows& rows);
