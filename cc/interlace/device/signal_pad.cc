@@ -6,6 +6,8 @@ const char* op_name(OpId op) {
   switch (op) {
     case OpId::kAllGather: return "all_gather";
     case OpId::kAgGemm: return "ag_gemm";
+    case OpId::kReduceScatter: return "reduce_scatter";
+    case OpId::kAllReduce: return "all_reduce";
     case OpId::kCancel: return "a cancelled call";
     default: return "unknown op";
   }
@@ -17,6 +19,8 @@ const char* flag_name(FlagId flag) {
     case FlagId::kDone: return "done";
     case FlagId::kGate: return "gate (CTA 0's abort check)";
     case FlagId::kChunk: return "chunk (a chunk of a peer's shard has landed)";
+    case FlagId::kPartial: return "partial (a peer's partial of this rank's share has landed)";
+    case FlagId::kReduced: return "reduced (an owner's reduced share has landed)";
     default: return "unknown flag";
   }
 }

@@ -19,8 +19,8 @@ constexpr int kMaxLocalRanks = 72;
 constexpr int kMaxBlocks = 1024;
 
 // Ops with flags come first, one region of the signal pad each (kNumOpRegions).
-enum class OpId : int32_t { kNone = 0, kAllGather = 1, kAgGemm = 2, kCancel = 3 };
-enum class FlagId : int32_t { kNone = 0, kHello = 1, kDone = 2, kGate = 3, kChunk = 4 };
+enum class OpId : int32_t { kNone = 0, kAllGather = 1, kAgGemm = 2, kReduceScatter = 3, kAllReduce = 4, kCancel = 5 };
+enum class FlagId : int32_t { kNone = 0, kHello = 1, kDone = 2, kGate = 3, kChunk = 4, kPartial = 5, kReduced = 6 };
 
 // The handshake every op kernel makes on entry (device/op_sequence.cuh). Ops of a group run one
 // after another on each rank (Group chains them), so a device counter numbers them; a kernel for op
@@ -46,8 +46,9 @@ struct OpSignals {
 };
 
 constexpr uint64_t kOpRegionBytes = uint64_t{1} << 20;
-// One region per op kind with flags: OpIds 1 .. kNumOpRegions (kAllGather, kAgGemm). Grows with the ops.
-constexpr int kNumOpRegions = 2;
+// One region per op kind with flags: OpIds 1 .. kNumOpRegions (kAllGather, kAgGemm, kReduceScatter,
+// kAllReduce). Grows with the ops.
+constexpr int kNumOpRegions = 4;
 
 struct SignalPad {
   OpSignals ops;
