@@ -4,6 +4,7 @@
 //   options.heap_bytes = 1 << 30;
 //   interlace::Group group(options);
 //   interlace::all_gather(group, out, inp, stream);
+//   interlace::all_reduce(group, out, inp, stream);  // or reduce_scatter(group, out, inp, stream)
 //   ...
 //   cudaStreamSynchronize(stream);
 //   group.check();                              // raises if a peer never arrived
@@ -15,4 +16,6 @@
 #include "interlace/ops/ag_gemm/launch.h"
 #include "interlace/ops/all_gather/launch.h"
 #include "interlace/ops/all_gather/plan.h"
+#include "interlace/ops/reduce/launch.h"
+#include "interlace/ops/reduce/plan.h"
 #include "interlace/runtime/group.h"

@@ -1,6 +1,6 @@
-// Host and device plan of gemm_rs and gemm_ar (issue 9: fused GEMM+ReduceScatter and GEMM+AllReduce)
-// and of the standalone reduce_scatter and all_reduce. Groundwork: the kernels that execute it come
-// later; everything here is CPU-tested (tests/cc/gemm_rs_plan_test.cc).
+// Host and device plan of gemm_rs and gemm_ar (issue 9: fused GEMM+ReduceScatter and GEMM+AllReduce).
+// Groundwork: the kernels that execute it come later; everything here is CPU-tested
+// (tests/cc/gemm_rs_plan_test.cc). The standalone reduce_scatter and all_reduce: ops/reduce/.
 //
 // K is split across ranks, so every rank computes a partial of EVERY output tile. Rank r owns the
 // output rows [start[r], start[r + 1]) (uneven blocks, empty ones allowed); each partial tile goes to
@@ -35,9 +35,9 @@
 #include <vector>
 
 #include "interlace/base/host_device.h"
-#include "interlace/ops/chunks.h"
 #include "interlace/device/signal_pad.h"
 #include "interlace/gemm/tile_plan.h"
+#include "interlace/ops/reduce/plan.h"
 #include "interlace/ops/row_blocks.h"
 
 namespace interlace {
@@ -129,17 +129,8 @@ struct GemmRsPlan {
 // Small enough that the plan and the order leave most of the 4 KiB of kernel parameters to the engine.
 static_assert(sizeof(GemmRsPlan) <= 1024 && sizeof(GemmRsOrder::Params) <= 1024, "plan tables outgrew kernel parameters");
 
-// The owner's sum of one element: the world's partials in rank order 0, 1, ..., world - 1, in fp32,
-// whatever order they arrived in. fp32 addition is not associative, so this fixed order is what
-// makes the result bitwise equal run to run and, for gemm_ar and all_reduce, on every rank (each
-// sums the same values in the same order). The sum starts from partial 0, not 0.0f, which would turn
-// -0 into +0. partial(s) returns sender s's value as float.
-template <class Partial>
-IL_HOST_DEVICE inline float sum_in_rank_order(int32_t world, const Partial& partial) {
-  float sum = partial(0);
-  for (int32_t s = 1; s < world; ++s) sum += partial(s);
-  return sum;
-}
+// The owner's sum of one element is sum_in_rank_order (ops/reduce/plan.h), as the standalone
+// reductions': partials in rank order, in fp32, rounded once.
 
 // Rows per rank (any may be 0; 1 to kGemmRsMaxRanks ranks) into the plan's table.
 GemmRsRows make_gemm_rs_rows(const std::vector<int64_t>& rows_per_rank, int rank, int tile_m = kGemmRsTileM);
@@ -172,55 +163,5 @@ struct GemmRsPathRule {
 // transfer the throughput path hides, which the GPU tuning may fold in.
 GemmRsPath choose_gemm_rs_path(int64_t m, int64_t n, int64_t k, int world, GemmRsKind kind, GemmRsPartials partials,
                                int num_sms, int tile_n = 128, GemmRsPathRule rule = {});
-
-// ---- The standalone reduce_scatter and all_reduce -------------------------------------------
-//
-// A message is cut into shares: rank q reduces share q, whose partials every sender pushes into a
-// slot of q's staging (symmetric; sender s at s * share_bytes), in chunks as all_gather's: chunk
-// c = round * num_blocks + block covers [c, c + 1) * chunk_bytes of a share, one counter per
-// (CTA, sender) on each receiver counting the chunks landed over all launches (as AllGatherFlags;
-// 1024 CTAs x 72 senders x 8 bytes fit a 1 MiB region). The receiver sums the slots in rank order
-// (sum_in_rank_order); its own slot stays unused (its input is read in place). Two-shot all_reduce
-// then pushes each reduced share to every rank, counting on the same counters.
-enum class ReduceAlgorithm : int32_t { kAuto = 0, kReduceScatter = 1, kOneShot = 2, kTwoShot = 3 };
-
-struct ReducePlan {
-  int32_t world = 1;
-  ReduceAlgorithm algorithm = ReduceAlgorithm::kReduceScatter;
-  uint64_t bytes = 0;        // the whole message (reduce_scatter: world shares)
-  uint64_t share_bytes = 0;  // a multiple of 16; one-shot: the whole message, reduced by every rank
-  int32_t num_blocks = 1;    // CTAs
-  uint64_t chunk_bytes = 0;  // a multiple of 16
-  int32_t rounds = 0;        // of num_blocks chunks, over one share
-  uint64_t staging_bytes = 0;  // world * share_bytes
-
-  IL_HOST_DEVICE uint64_t share_begin(int32_t q) const {
-    if (algorithm == ReduceAlgorithm::kOneShot) return 0;
-    const uint64_t begin = static_cast<uint64_t>(q) * share_bytes;
-    return begin < bytes ? begin : bytes;
-  }
-  IL_HOST_DEVICE uint64_t share_size(int32_t q) const {
-    const uint64_t end = share_begin(q) + share_bytes;
-    return (end < bytes ? end : bytes) - share_begin(q);
-  }
-};
-
-struct ReduceTuning {
-  ReduceAlgorithm algorithm = ReduceAlgorithm::kAuto;  // all_reduce: kOneShot or kTwoShot forces it
-  int num_blocks = 0;                                   // 0: automatic
-  uint64_t chunk_bytes = 0;                             // 0: automatic; a multiple of 16
-};
-
-// Chunks are all_gather's (ops/chunks.h), a starting point: a reduction reads world chunks for each
-// it writes, so its best sizes may differ (to tune on the GPU).
-// all_reduce is one-shot while one rank's push, (world - 1) x the message, is at most this:
-// a placeholder (the end of the issue's latency range), not a measurement.
-constexpr uint64_t kAllReduceOneShotMaxPushBytes = uint64_t{1} << 20;
-
-// out_bytes: one rank's share (out's bytes); element_bytes: 2 or 4; resident_blocks: how many of the
-// kernel's CTAs fit on the GPU at once (all must run: they wait on each other across GPUs).
-ReducePlan plan_reduce_scatter(uint64_t out_bytes, int element_bytes, int world, int resident_blocks,
-                               ReduceTuning tuning = {});
-ReducePlan plan_all_reduce(uint64_t bytes, int element_bytes, int world, int resident_blocks, ReduceTuning tuning = {});
 
 }  // namespace interlace

@@ -1,0 +1,152 @@
+#include "interlace/ops/reduce/launch.h"
+
+#include <atomic>
+
+#include "interlace/base/cuda.h"
+#include "interlace/ops/reduce/kernel.cuh"
+#include "interlace/runtime/op_call.h"
+
+namespace interlace {
+namespace {
+
+using Params = ReduceParams<device::NvlinkTransport>;
+using Kernel = void (*)(Params);
+
+// The kernel for an op and a dtype (checked before: float16, bfloat16 or float32), and its index in
+// the table of resident-block counts.
+template <OpId kOp>
+Kernel kernel_for(const DLDataType& dtype, int* index) {
+  constexpr int op = kOp == OpId::kReduceScatter ? 0 : 3;
+  if (dtype.code == kDLBfloat) {
+    *index = op;
+    return reduce_kernel<device::NvlinkTransport, __nv_bfloat16, kOp>;
+  }
+  if (dtype.bits == 16) {
+    *index = op + 1;
+    return reduce_kernel<device::NvlinkTransport, __half, kOp>;
+  }
+  *index = op + 2;
+  return reduce_kernel<device::NvlinkTransport, float, kOp>;
+}
+
+// CTAs of a kernel that fit on the group's GPU at once: the plan never launches more, since CTAs wait
+// on their peers' CTAs and all of them must be resident. Looked up once per kernel and device
+// (racing lookups store the same value).
+int resident_blocks(const Group& group, Kernel kernel, int index) {
+  static std::atomic<int> known_by[6][64] = {};
+  const int device = group.device();
+  int known = device < 64 ? known_by[index][device].load() : 0;
+  if (known > 0) return known;
+  int per_sm = 0;
+  IL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kReduceThreads, 0));
+  known = per_sm * group.num_sms();
+  if (device < 64) known_by[index][device].store(known);
+  return known;
+}
+
+// What every call fills in the same way; the caller sets the buffers.
+Params base_params(Group& group, OpId op, uint64_t signature, const ReducePlan& plan, const TensorView& out,
+                   const TensorView& inp, size_t staging) {
+  const Topology& topo = group.topology();
+  SymmetricHeap& heap = group.heap();
+  Params p{};
+  for (int q = 0; q < topo.local_size(); ++q) p.transport.heaps[q] = heap.base(q);
+  p.transport.local_rank = topo.local_rank;
+  p.transport.local_size = topo.local_size();
+  p.wait = device::WaitContext{topo.rank, op, heap.pad(topo.local_rank), group.device_control(), group.timeout_ns()};
+  p.signature = signature;
+  p.plan = plan;
+  p.inp = static_cast<const char*>(inp.data);
+  p.out = static_cast<char*>(out.data);
+  p.staging = staging;
+  p.staging_here = heap.local_base() + staging;
+  return p;
+}
+
+void check_one_node(const Group& group, const char* op) {
+  const Topology& topo = group.topology();
+  IL_CHECK(topo.num_nodes == 1, op, ": the group spans ", topo.num_nodes,
+           " nodes; across nodes it needs the proxy transport, which is not built yet");
+  // Shares are owned by global rank and peers are addressed by local rank: the same on one node.
+  IL_CHECK(topo.local_rank == topo.rank, op, ": local rank ", topo.local_rank, " is not global rank ", topo.rank);
+}
+
+const char* algorithm_name(ReduceAlgorithm a) {
+  switch (a) {
+    case ReduceAlgorithm::kOneShot: return "one_shot";
+    case ReduceAlgorithm::kTwoShot: return "two_shot";
+    case ReduceAlgorithm::kReduceScatter: return "reduce_scatter";
+    default: return "auto";
+  }
+}
+
+}  // namespace
+
+void reduce_scatter(Group& group, const TensorView& out, const TensorView& inp, cudaStream_t stream,
+                    ReduceTuning tuning) {
+  OpCall call(group, OpId::kReduceScatter, stream);
+  const Topology& topo = group.topology();
+  ReducePlan plan;
+  Kernel kernel = nullptr;
+  size_t staging = 0;
+  const uint64_t signature = call.agree([&] {
+    check_reduce_scatter_args(out, inp, topo.world_size, group.device());
+    check_one_node(group, "reduce_scatter");
+    int index = 0;
+    kernel = kernel_for<OpId::kReduceScatter>(inp.dtype, &index);
+    plan = plan_reduce_scatter(out.nbytes(), static_cast<int>(inp.itemsize()), topo.world_size, topo.rank,
+                               resident_blocks(group, kernel, index), tuning);
+    if (plan.staging_bytes > 0) {
+      staging = group.scratch(plan.staging_bytes, "reduce_scatter's staging ((world_size - 1) x out)", call.capturing());
+    }
+    return detail::concat("reduce_scatter(bytes_per_rank=", out.nbytes(), ", dtype=", inp.dtype_name(),
+                          ", staging=", staging, ", num_blocks=", plan.num_blocks, ", chunk_bytes=", plan.chunk_bytes,
+                          ")");
+  });
+  // An empty call still runs (its kernel only makes the handshake), as all_gather's.
+  Params p = base_params(group, OpId::kReduceScatter, signature, plan, out, inp, staging);
+  call.launch([&](cudaStream_t s) { kernel<<<plan.num_blocks, kReduceThreads, 0, s>>>(p); });
+}
+
+void all_reduce(Group& group, const TensorView& out, const TensorView& inp, cudaStream_t stream, ReduceTuning tuning) {
+  OpCall call(group, OpId::kAllReduce, stream);
+  const Topology& topo = group.topology();
+  SymmetricHeap& heap = group.heap();
+  ReducePlan plan;
+  Kernel kernel = nullptr;
+  long long out_offset = -1;
+  size_t staging = 0;
+  const uint64_t signature = call.agree([&] {
+    check_all_reduce_args(out, inp, group.device());
+    check_one_node(group, "all_reduce");
+    int index = 0;
+    kernel = kernel_for<OpId::kAllReduce>(inp.dtype, &index);
+    out_offset = out.nbytes() > 0 ? heap.offset_of(out.data, out.nbytes()) : -1;
+    plan = plan_all_reduce(inp.nbytes(), static_cast<int>(inp.itemsize()), topo.world_size, topo.rank,
+                           resident_blocks(group, kernel, index), out_offset >= 0, tuning);
+    const uint64_t scratch = plan.staging_bytes + plan.landing_bytes;
+    if (scratch > 0) {
+      staging = group.scratch(scratch,
+                              "all_reduce's staging ((world_size - 1) x the input for one-shot, up to twice "
+                              "(world_size - 1) / world_size x for two-shot)",
+                              call.capturing());
+    }
+    return detail::concat("all_reduce(bytes=", inp.nbytes(), ", dtype=", inp.dtype_name(),
+                          ", algorithm=", algorithm_name(plan.algorithm), ", out_offset=", out_offset,
+                          ", in_place=", out.data == inp.data, ", staging=", staging, ", num_blocks=", plan.num_blocks,
+                          ", chunk_bytes=", plan.chunk_bytes, ")");
+  });
+  Params p = base_params(group, OpId::kAllReduce, signature, plan, out, inp, staging);
+  if (plan.algorithm == ReduceAlgorithm::kTwoShot) {
+    if (out_offset < 0) {  // into landing slots after the staging, copied into out
+      p.landing = staging + plan.staging_bytes;
+      p.landing_here = heap.local_base() + p.landing;
+    } else {  // straight into out, at the same offset on every rank
+      p.landing = static_cast<uint64_t>(out_offset);
+      p.landing_here = nullptr;
+    }
+  }
+  call.launch([&](cudaStream_t s) { kernel<<<plan.num_blocks, kReduceThreads, 0, s>>>(p); });
+}
+
+}  // namespace interlace
