@@ -16,7 +16,8 @@ from interlace._group import Group, native as _native
 from interlace._interlace import Bootstrap, Error, gpu_count
 from interlace import _interlace as _C
 
-__all__ = ["Bootstrap", "Error", "Group", "ag_gemm", "all_gather", "gemm", "gpu_count", "init"]
+__all__ = ["Bootstrap", "Error", "Group", "ag_gemm", "all_gather", "all_reduce", "gemm", "gpu_count", "init",
+           "reduce_scatter"]
 __version__ = "0.1.0"
 
 
@@ -65,6 +66,46 @@ def all_gather(out, inp, group, *, stream=None, num_blocks=0, chunk_bytes=0):
         stream = _frameworks.current_stream(out, inp)
     _C.all_gather(_frameworks.as_dlpack(out), _frameworks.as_dlpack(inp), native, stream=stream,
                   num_blocks=num_blocks, chunk_bytes=chunk_bytes)
+
+
+def reduce_scatter(out, inp, group, *, stream=None, num_blocks=0, chunk_bytes=0):
+    """out = this rank's block of the sum over ranks of inp: inp holds world blocks of out's shape
+    ([world * n, ...], [world, n, ...] or flat), and rank r gets the sum of every rank's block r.
+    float16, bfloat16 or float32, summed in fp32 in rank order and rounded once: the same bits on
+    every run. A block's bytes must be a multiple of 16 (8 fp16/bf16 elements). Every rank pushes its
+    blocks into their owners' heap scratch ((world - 1) x out bytes) over NVLink; stream-ordered and
+    CUDA-graph capturable. num_blocks and chunk_bytes tune the kernel (0: automatic). Raises
+    interlace.Error before any GPU work on bad arguments."""
+    if _frameworks.is_jax(out):
+        raise TypeError("JAX arrays are immutable: interlace.reduce_scatter writes into out")
+    native = _native(group)
+    if stream is None:
+        stream = _frameworks.current_stream(out, inp)
+    _C.reduce_scatter(_frameworks.as_dlpack(out), _frameworks.as_dlpack(inp), native, stream=stream,
+                      num_blocks=num_blocks, chunk_bytes=chunk_bytes)
+
+
+_REDUCE_ALGORITHMS = {"auto": 0, "one_shot": 2, "two_shot": 3}
+
+
+def all_reduce(out, inp, group, *, stream=None, algorithm="auto", num_blocks=0, chunk_bytes=0):
+    """out = the sum over ranks of inp (same shape); out may be inp itself (in place). float16,
+    bfloat16 or float32, any element count, summed in fp32 in rank order and rounded once: the same
+    bits on every rank and every run. One launch: "one_shot" (every rank sums every rank's whole
+    input; automatic up to 256 KiB) or "two_shot" (each rank sums one share, then sends it to every
+    rank; if out is symmetric, group.empty, owners store into it directly). Heap scratch: (world - 1)
+    x the input for one-shot, up to 2 x (world - 1) / world x for two-shot. Stream-ordered and
+    CUDA-graph capturable. num_blocks and chunk_bytes tune the kernel (0: automatic). Raises
+    interlace.Error before any GPU work on bad arguments."""
+    if _frameworks.is_jax(out):
+        raise TypeError("JAX arrays are immutable: interlace.all_reduce writes into out")
+    if algorithm not in _REDUCE_ALGORITHMS:
+        raise Error(f"all_reduce: algorithm must be one of {', '.join(_REDUCE_ALGORITHMS)}, got {algorithm!r}")
+    native = _native(group)
+    if stream is None:
+        stream = _frameworks.current_stream(out, inp)
+    _C.all_reduce(_frameworks.as_dlpack(out), _frameworks.as_dlpack(inp), native, stream=stream,
+                  algorithm=_REDUCE_ALGORITHMS[algorithm], num_blocks=num_blocks, chunk_bytes=chunk_bytes)
 
 
 def gemm(a, b, out, *, stream=None, band_m=0, tile_n=0, cluster_m=0, pingpong=True):

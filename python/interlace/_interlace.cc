@@ -225,6 +225,29 @@ NB_MODULE(_interlace, m) {
         "out"_a.noconvert(), "inp"_a.noconvert(), "group"_a, nb::kw_only(), "stream"_a, "num_blocks"_a = 0,
         "chunk_bytes"_a = 0);
 
+  m.def("reduce_scatter",
+        [](nb::ndarray<> out, nb::ndarray<nb::ro> inp, Group& group, uintptr_t stream, int num_blocks,
+           uint64_t chunk_bytes) {
+          TensorView o = view_of(out), i = view_of(inp);
+          nb::gil_scoped_release release;
+          reduce_scatter(group, o, i, reinterpret_cast<cudaStream_t>(stream),
+                         ReduceTuning{ReduceAlgorithm::kAuto, num_blocks, chunk_bytes});
+        },
+        "out"_a.noconvert(), "inp"_a.noconvert(), "group"_a, nb::kw_only(), "stream"_a, "num_blocks"_a = 0,
+        "chunk_bytes"_a = 0);
+
+  // algorithm: a ReduceAlgorithm (0 automatic, 2 one-shot, 3 two-shot); Python passes names.
+  m.def("all_reduce",
+        [](nb::ndarray<> out, nb::ndarray<nb::ro> inp, Group& group, uintptr_t stream, int algorithm, int num_blocks,
+           uint64_t chunk_bytes) {
+          TensorView o = view_of(out), i = view_of(inp);
+          nb::gil_scoped_release release;
+          all_reduce(group, o, i, reinterpret_cast<cudaStream_t>(stream),
+                     ReduceTuning{static_cast<ReduceAlgorithm>(algorithm), num_blocks, chunk_bytes});
+        },
+        "out"_a.noconvert(), "inp"_a.noconvert(), "group"_a, nb::kw_only(), "stream"_a, "algorithm"_a = 0,
+        "num_blocks"_a = 0, "chunk_bytes"_a = 0);
+
   m.def("ag_gemm",
         [](nb::ndarray<nb::ro> a_shard, nb::ndarray<nb::ro> b, nb::ndarray<> out, Group& group,
            std::optional<nb::ndarray<>> gathered, std::vector<int64_t> shard_rows, uintptr_t stream,
@@ -264,6 +287,20 @@ NB_MODULE(_interlace, m) {
         },
         "out"_a.noconvert(), "inp"_a.noconvert(), nb::kw_only(), "world_size"_a, "device"_a,
         "The checks all_gather makes before any GPU work, without a group (for tests).");
+
+  m.def("_check_reduce_scatter_args",
+        [](nb::ndarray<> out, nb::ndarray<nb::ro> inp, int world_size, int device) {
+          check_reduce_scatter_args(view_of(out), view_of(inp), world_size, device);
+        },
+        "out"_a.noconvert(), "inp"_a.noconvert(), nb::kw_only(), "world_size"_a, "device"_a,
+        "The checks reduce_scatter makes before any GPU work, without a group (for tests).");
+
+  m.def("_check_all_reduce_args",
+        [](nb::ndarray<> out, nb::ndarray<nb::ro> inp, int device) {
+          check_all_reduce_args(view_of(out), view_of(inp), device);
+        },
+        "out"_a.noconvert(), "inp"_a.noconvert(), nb::kw_only(), "device"_a,
+        "The checks all_reduce makes before any GPU work, without a group (for tests).");
 
   register_xla_ffi(m);
 }
