@@ -7,6 +7,7 @@ models that call them, and CUDA graphs (mode="reduce-overhead") replay them.
     itorch.all_gather(x, group, out=buf)     # into buf
     c = itorch.gemm(a, b)                    # a @ b on interlace's engine
     y = itorch.ag_gemm(x, w.t(), group)      # all_gather(x) @ w.t() in one launch
+    s = itorch.all_reduce(x, group)          # also itorch.reduce_scatter(x, group)
 
 Custom ops take tensors and scalars, not Python objects: a group crosses torch.library as its
 integer handle (group.handle), and the op finds the group again by it. group.handle is a plain int
@@ -45,6 +46,58 @@ def _all_gather(inp: _torch.Tensor, group: int, world_size: int) -> _torch.Tenso
 @_all_gather.register_fake
 def _(inp, group, world_size):
     return inp.new_empty(_gathered_shape(inp, world_size))
+
+
+def _scattered_shape(inp, world_size):
+    _torch._check(inp.dim() >= 1 and inp.shape[0] % world_size == 0,
+                  lambda: f"interlace.reduce_scatter: inp {tuple(inp.shape)} is not {world_size} blocks along dim 0")
+    return (inp.shape[0] // world_size, *inp.shape[1:])
+
+
+@_torch.library.custom_op("interlace::reduce_scatter_into", mutates_args=("out",), device_types="cuda")
+def _reduce_scatter_into(out: _torch.Tensor, inp: _torch.Tensor, group: int) -> None:
+    _interlace.reduce_scatter(out, inp, _group.by_handle(group))
+
+
+@_reduce_scatter_into.register_fake
+def _(out, inp, group):
+    return None
+
+
+@_torch.library.custom_op("interlace::reduce_scatter", mutates_args=(), device_types="cuda")
+def _reduce_scatter(inp: _torch.Tensor, group: int, world_size: int) -> _torch.Tensor:
+    out = inp.new_empty(_scattered_shape(inp, world_size))
+    _interlace.reduce_scatter(out, inp, _group.by_handle(group))
+    return out
+
+
+@_reduce_scatter.register_fake
+def _(inp, group, world_size):
+    return inp.new_empty(_scattered_shape(inp, world_size))
+
+
+# all_reduce_into takes separate tensors (a custom op's mutated argument may not alias another
+# input); interlace.all_reduce(x, x, group) runs in place outside torch.library.
+@_torch.library.custom_op("interlace::all_reduce_into", mutates_args=("out",), device_types="cuda")
+def _all_reduce_into(out: _torch.Tensor, inp: _torch.Tensor, group: int) -> None:
+    _interlace.all_reduce(out, inp, _group.by_handle(group))
+
+
+@_all_reduce_into.register_fake
+def _(out, inp, group):
+    return None
+
+
+@_torch.library.custom_op("interlace::all_reduce", mutates_args=(), device_types="cuda")
+def _all_reduce(inp: _torch.Tensor, group: int) -> _torch.Tensor:
+    out = _torch.empty_like(inp, memory_format=_torch.contiguous_format)
+    _interlace.all_reduce(out, inp, _group.by_handle(group))
+    return out
+
+
+@_all_reduce.register_fake
+def _(inp, group):
+    return _torch.empty_like(inp, memory_format=_torch.contiguous_format)
 
 
 @_torch.library.custom_op("interlace::gemm_into", mutates_args=("out",), device_types="cuda")
@@ -128,6 +181,25 @@ def all_gather(inp: _torch.Tensor, group, *, out: _torch.Tensor = None) -> _torc
     if out is None:
         return _torch.ops.interlace.all_gather(inp, group.handle, group.world_size)
     _torch.ops.interlace.all_gather_into(out, inp, group.handle)
+    return out
+
+
+def reduce_scatter(inp: _torch.Tensor, group, *, out: _torch.Tensor = None) -> _torch.Tensor:
+    """This rank's block (along dim 0) of the sum over ranks of inp, as
+    torch.ops.interlace.reduce_scatter (a new tensor) or, with out=,
+    torch.ops.interlace.reduce_scatter_into (returns out). See interlace.reduce_scatter."""
+    if out is None:
+        return _torch.ops.interlace.reduce_scatter(inp, group.handle, group.world_size)
+    _torch.ops.interlace.reduce_scatter_into(out, inp, group.handle)
+    return out
+
+
+def all_reduce(inp: _torch.Tensor, group, *, out: _torch.Tensor = None) -> _torch.Tensor:
+    """The sum over ranks of inp, as torch.ops.interlace.all_reduce (a new tensor) or, with out= (not
+    inp), torch.ops.interlace.all_reduce_into (returns out). See interlace.all_reduce."""
+    if out is None:
+        return _torch.ops.interlace.all_reduce(inp, group.handle)
+    _torch.ops.interlace.all_reduce_into(out, inp, group.handle)
     return out
 
 
