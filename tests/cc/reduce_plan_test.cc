@@ -32,7 +32,9 @@ void check_reduce_plan(const ReducePlan& p, int resident) {
   EXPECT_EQ(p.chunk_bytes % 16, 0u);
   EXPECT_EQ(p.share_bytes % 16, 0u);
   EXPECT_GE(uint64_t(p.rounds) * p.num_blocks * p.chunk_bytes, p.share_bytes);
-  if (p.rounds > 0) EXPECT_LT(uint64_t(p.rounds - 1) * p.num_blocks * p.chunk_bytes, p.share_bytes);
+  if (p.rounds > 0) {
+    EXPECT_LT(uint64_t(p.rounds - 1) * p.num_blocks * p.chunk_bytes, p.share_bytes);
+  }
   EXPECT_EQ(p.staging_bytes, p.share_bytes * (p.world - 1));
   uint64_t covered = 0;
   for (int q = 0; q < p.world; ++q) {
@@ -46,7 +48,9 @@ void check_reduce_plan(const ReducePlan& p, int resident) {
       covered += p.share_size(q);
     }
   }
-  if (p.algorithm != ReduceAlgorithm::kOneShot) EXPECT_EQ(covered, p.bytes);
+  if (p.algorithm != ReduceAlgorithm::kOneShot) {
+    EXPECT_EQ(covered, p.bytes);
+  }
   // Slots: every sender but the receiver, each once, in [0, world - 1).
   for (int q = 0; q < p.world; ++q) {
     std::vector<int> seen(std::max(p.world - 1, 1), 0);
@@ -56,7 +60,9 @@ void check_reduce_plan(const ReducePlan& p, int resident) {
       ASSERT_LT(ReducePlan::slot(s, q), p.world - 1);
       ++seen[ReducePlan::slot(s, q)];
     }
-    if (p.world > 1) EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+    if (p.world > 1) {
+      EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+    }
   }
 }
 
