@@ -3,8 +3,20 @@ reference (fp32 sum in rank order, rounded once: what interlace promises bit for
 that may fail without stopping the run, per-call times from CUDA graphs, and the report."""
 import torch
 import torch.distributed as dist
+from absl import flags
 
 from interlace.bench import common
+
+# The flags both benchmarks take (defined once: absl refuses a second definition).
+flags.DEFINE_string("out_dir", "bench/results", "where the JSON and the plot go")
+flags.DEFINE_list("sizes", [], "bytes per rank (4K, 1M, ...); default: DEFAULT_SIZES")
+flags.DEFINE_integer("warmup", 5, "untimed calls per method first")
+flags.DEFINE_integer("iters", 30, "timed calls per method")
+flags.DEFINE_list("tunings", ["0:0"], "interlace settings to time, num_blocks:chunk_bytes (0:0 = automatic)")
+flags.DEFINE_string("command", "", "the command line, recorded in the JSON")
+
+DEFAULT_SIZES = ["4K", "16K", "64K", "256K", "1M", "4M", "16M", "64M", "256M"]
+GRAPH_MAX_BYTES = 1 << 20  # per-call latency under graph replay is timed up to this size
 
 
 def inputs_of(rank, numel, dtype, seed):

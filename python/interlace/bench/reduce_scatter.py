@@ -19,15 +19,7 @@ from interlace.bench import common
 from interlace.bench import reduce_common as rc
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("out_dir", "bench/results", "")
-flags.DEFINE_list("sizes", [], "")
-flags.DEFINE_integer("warmup", 5, "")
-flags.DEFINE_integer("iters", 30, "")
-flags.DEFINE_list("tunings", ["0:0"], "")
-flags.DEFINE_string("command", "", "")
-
-DEFAULT_SIZES = ["4K", "16K", "64K", "256K", "1M", "4M", "16M", "64M", "256M"]
-GRAPH_MAX_BYTES = 1 << 20
+DEFAULT_SIZES, GRAPH_MAX_BYTES = rc.DEFAULT_SIZES, rc.GRAPH_MAX_BYTES
 
 
 def main(_):
