@@ -39,7 +39,9 @@ void check_order(const std::vector<int64_t>& rows_per_rank, int rank, int tile_m
   for (size_t i = 0; i < order.size(); ++i) {
     const int64_t lo = static_cast<int64_t>(order[i]) * tile_m;
     const int64_t hi = std::min<int64_t>(lo + tile_m, rows.m());
-    if (lo >= rows.start[rank] && hi <= rows.start[rank + 1]) EXPECT_EQ(rows.slot_of(order[i]), 0);
+    if (lo >= rows.start[rank] && hi <= rows.start[rank + 1]) {
+      EXPECT_EQ(rows.slot_of(order[i]), 0);
+    }
   }
 }
 

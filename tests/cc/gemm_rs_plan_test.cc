@@ -99,10 +99,14 @@ void check_order(const std::vector<int64_t>& layout, int rank, int tile_m) {
       }
     }
     EXPECT_EQ(slot, earliest) << "tile row " << t;
-    if (lo >= rows.start[rank] && hi <= rows.start[rank + 1]) EXPECT_EQ(slot, rows.world - 1) << "own tile row " << t;
+    if (lo >= rows.start[rank] && hi <= rows.start[rank + 1]) {
+      EXPECT_EQ(slot, rows.world - 1) << "own tile row " << t;
+    }
   }
   EXPECT_EQ(rows.send_position(rank), rows.world - 1);
-  if (rows.world > 1) EXPECT_EQ(rows.send_position((rank + 1) % rows.world), 0);
+  if (rows.world > 1) {
+    EXPECT_EQ(rows.send_position((rank + 1) % rows.world), 0);
+  }
 }
 
 TEST(GemmRsOrder, OwnBlockLastPeersFromRankPlusOne) {
@@ -251,7 +255,9 @@ void check_layout(std::vector<int64_t> layout, int64_t n, int tile_n, Variant v,
     std::sort(tiles.begin(), tiles.end());
     for (size_t i = 0; i < tiles.size(); ++i) {
       EXPECT_LE(tiles[i].second, p0.staging_bytes);
-      if (i > 0) EXPECT_LE(tiles[i - 1].second, tiles[i].first) << "staging tiles overlap";
+      if (i > 0) {
+        EXPECT_LE(tiles[i - 1].second, tiles[i].first) << "staging tiles overlap";
+      }
     }
     // The reducer's walk: every tile this rank sums, once.
     std::set<std::pair<int32_t, int32_t>> walked;
