@@ -6,7 +6,13 @@ call. The handlers are registered with XLA for the CUDA platform on first use.
 
 The group reaches a handler as group.handle, an integer attribute of the call; the handler finds the
 native group by it (registered here when the op is traced). Outputs are ordinary XLA buffers, not
-in the symmetric heap, so all_gather takes its staged path.
+in the symmetric heap, so all_gather takes its staged path and all_reduce its non-symmetric one.
+
+    y = interlace.jax.all_gather(x, group)          # [world * rows, ...]
+    s = interlace.jax.reduce_scatter(x, group)      # [rows / world, ...], summed over ranks
+    t = interlace.jax.all_reduce(x, group)          # x's shape, summed over ranks
+    c = interlace.jax.gemm(a, b)                    # a @ b
+    z = interlace.jax.ag_gemm(x, w, group)          # all_gather(x) @ w in one launch
 """
 import numpy as _np
 
@@ -16,7 +22,11 @@ from interlace import _interlace as _C
 from interlace._group import native as _native
 
 # The custom-call target names; the handlers register under these for platform "CUDA".
-TARGETS = ("interlace_all_gather", "interlace_gemm", "interlace_ag_gemm")
+TARGETS = ("interlace_all_gather", "interlace_gemm", "interlace_ag_gemm", "interlace_reduce_scatter",
+           "interlace_all_reduce")
+
+# all_reduce's algorithm names, as interlace.all_reduce takes them (ReduceAlgorithm's values).
+_REDUCE_ALGORITHMS = {"auto": 0, "one_shot": 2, "two_shot": 3}
 
 _registered = False
 
@@ -43,6 +53,37 @@ def all_gather(x, group, *, num_blocks=0, chunk_bytes=0) -> "_jax.Array":
     shape = (group.world_size * x.shape[0],) + tuple(x.shape[1:]) if x.ndim else (group.world_size,)
     call = _jax.ffi.ffi_call("interlace_all_gather", _jax.ShapeDtypeStruct(shape, x.dtype))
     return call(x, group=handle, num_blocks=_np.int64(num_blocks), chunk_bytes=_np.int64(chunk_bytes))
+
+
+def reduce_scatter(x, group, *, num_blocks=0, chunk_bytes=0) -> "_jax.Array":
+    """This rank's block of the sum over ranks of x: x is world blocks along axis 0 ([world * n, ...]),
+    and rank r gets [n, ...], the sum of every rank's block r. float16, bfloat16 or float32, summed in
+    fp32 in rank order and rounded once (the same bits on every run); a block's bytes a multiple of
+    16. Works eagerly and under jax.jit; every rank must make the same call. Tuning as in
+    interlace.reduce_scatter."""
+    _register()
+    handle = _group_handle(group)
+    if x.ndim < 1 or x.shape[0] % group.world_size:
+        raise ValueError(f"interlace.jax.reduce_scatter: x {tuple(x.shape)} is not {group.world_size} blocks "
+                         "along axis 0")
+    shape = (x.shape[0] // group.world_size,) + tuple(x.shape[1:])
+    call = _jax.ffi.ffi_call("interlace_reduce_scatter", _jax.ShapeDtypeStruct(shape, x.dtype))
+    return call(x, group=handle, num_blocks=_np.int64(num_blocks), chunk_bytes=_np.int64(chunk_bytes))
+
+
+def all_reduce(x, group, *, algorithm="auto", num_blocks=0, chunk_bytes=0) -> "_jax.Array":
+    """The sum over ranks of x (same shape and dtype), the same bits on every rank and every run
+    (float16, bfloat16 or float32, summed in fp32 in rank order, rounded once). algorithm: "auto",
+    "one_shot" or "two_shot", as in interlace.all_reduce. Works eagerly and under jax.jit; every rank
+    must make the same call. The result is a new XLA buffer (never x's)."""
+    _register()
+    handle = _group_handle(group)
+    if algorithm not in _REDUCE_ALGORITHMS:
+        raise ValueError(f"interlace.jax.all_reduce: algorithm must be one of {', '.join(_REDUCE_ALGORITHMS)}, "
+                         f"got {algorithm!r}")
+    call = _jax.ffi.ffi_call("interlace_all_reduce", _jax.ShapeDtypeStruct(tuple(x.shape), x.dtype))
+    return call(x, group=handle, algorithm=_np.int64(_REDUCE_ALGORITHMS[algorithm]), num_blocks=_np.int64(num_blocks),
+                chunk_bytes=_np.int64(chunk_bytes))
 
 
 def gemm(a, b, *, band_m=0, tile_n=0, cluster_m=0, pingpong=True) -> "_jax.Array":

@@ -122,6 +122,30 @@ ffi::Error ag_gemm_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a_sh
   });
 }
 
+// reduce_scatter and all_reduce: XLA's input buffer is never the output (ffi_call aliases nothing),
+// so all_reduce runs out of place here.
+ffi::Error reduce_scatter_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
+                               int64_t group, int64_t num_blocks, int64_t chunk_bytes) {
+  return guarded([&] {
+    std::shared_ptr<Group> g = group_by_handle(group);
+    reduce_scatter(*g, view_of(*out, device), view_of(x, device), stream,
+                   ReduceTuning{ReduceAlgorithm::kAuto, static_cast<int>(num_blocks), static_cast<uint64_t>(chunk_bytes)});
+  });
+}
+
+// algorithm: a ReduceAlgorithm's value (0 automatic, 2 one-shot, 3 two-shot), as the binding takes it.
+ffi::Error all_reduce_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
+                           int64_t group, int64_t algorithm, int64_t num_blocks, int64_t chunk_bytes) {
+  return guarded([&] {
+    IL_CHECK(algorithm == 0 || algorithm == 2 || algorithm == 3, "all_reduce: algorithm must be 0 (automatic), 2 "
+             "(one-shot) or 3 (two-shot), got ", algorithm);
+    std::shared_ptr<Group> g = group_by_handle(group);
+    all_reduce(*g, view_of(*out, device), view_of(x, device), stream,
+               ReduceTuning{static_cast<ReduceAlgorithm>(algorithm), static_cast<int>(num_blocks),
+                            static_cast<uint64_t>(chunk_bytes)});
+  });
+}
+
 }  // namespace
 }  // namespace interlace
 
@@ -161,6 +185,27 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_ag_gemm, interlace::ag_gemm_impl,
                                   .Attr<int64_t>("tile_n")
                                   .Attr<int64_t>("pingpong"));
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_reduce_scatter, interlace::reduce_scatter_impl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("group")
+                                  .Attr<int64_t>("num_blocks")
+                                  .Attr<int64_t>("chunk_bytes"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_all_reduce, interlace::all_reduce_impl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("group")
+                                  .Attr<int64_t>("algorithm")
+                                  .Attr<int64_t>("num_blocks")
+                                  .Attr<int64_t>("chunk_bytes"));
+
 namespace interlace {
 
 void register_xla_ffi(nb::module_& m) {
@@ -169,6 +214,8 @@ void register_xla_ffi(nb::module_& m) {
     d["interlace_all_gather"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_all_gather));
     d["interlace_gemm"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_gemm));
     d["interlace_ag_gemm"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_ag_gemm));
+    d["interlace_reduce_scatter"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_reduce_scatter));
+    d["interlace_all_reduce"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_all_reduce));
     return d;
   }, "The XLA FFI handlers (target name -> PyCapsule of an XLA_FFI_Handler*), for jax.ffi.register_ffi_target.");
 

@@ -1,5 +1,6 @@
-"""One rank of interlace.jax under jax.jit (see test_jax_ffi_gpu.py): all_gather, gemm and ag_gemm as
-XLA FFI custom calls on XLA's stream, checked against jnp / jax.lax references. One process per GPU;
+"""One rank of interlace.jax under jax.jit (see test_jax_ffi_gpu.py): all_gather, gemm, ag_gemm,
+reduce_scatter and all_reduce as XLA FFI custom calls on XLA's stream, checked against jnp / jax.lax
+references (the reductions bit for bit against the fp32 sum in rank order, rounded once). One process per GPU;
 each process's JAX sees every GPU and computes on the one its interlace group uses."""
 import os
 
@@ -39,6 +40,79 @@ def check(out, ref, what, tol=1e-2):
     assert err <= tol, f"rank {RANK}: {what}: relative error {err}"
 
 
+def summands(rank, shape, dtype, seed):
+    """Rank `rank`'s input to a reduction, as numpy (every rank can recompute every rank's)."""
+    rng = np.random.default_rng(seed * 1009 + rank)
+    return rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+
+
+def rank_order_sum(parts, dtype):
+    """What interlace promises bit for bit: the fp32 sum in rank order, rounded once to dtype."""
+    acc = parts[0].astype(np.float32)
+    for p in parts[1:]:
+        acc = acc + p.astype(np.float32)
+    return acc.astype(dtype)
+
+
+def bits(x):
+    x = np.asarray(jax.device_get(x))
+    return x.view({2: np.uint16, 4: np.uint32}[x.dtype.itemsize])
+
+
+def expect_bits(out, want, what):
+    got, ref = bits(out), bits(want)
+    assert got.shape == ref.shape, f"rank {RANK}: {what}: shape {got.shape}, expected {ref.shape}"
+    bad = np.flatnonzero(got.reshape(-1) != ref.reshape(-1))
+    if bad.size:
+        i = int(bad[0])
+        o, r = np.asarray(jax.device_get(out)).reshape(-1), np.asarray(want).reshape(-1)
+        raise AssertionError(f"rank {RANK}: {what}: {bad.size} of {ref.size} elements differ from the rank-order fp32 "
+                             f"sum, first at {i}: got {o[i]!r}, expected {r[i]!r}")
+
+
+def check_reductions():
+    """jit reduce_scatter and all_reduce against the rank-order sum, bit for bit; all_reduce's result
+    gathered from every rank (interlace.jax.all_gather) must be the same bits everywhere."""
+    scatter = jax.jit(lambda x: ij.reduce_scatter(x, group))
+    reduce_auto = jax.jit(lambda x: ij.all_reduce(x, group))
+    gather = jax.jit(lambda x: ij.all_gather(x, group))
+    cases = [((WORLD * 64, 96), jnp.bfloat16), ((WORLD * 1024, 512), jnp.bfloat16), ((WORLD * 40, 33), jnp.float32),
+             ((WORLD * 256, 1000), jnp.float16)]
+    for seed, (shape, dtype) in enumerate(cases):
+        parts = [summands(q, shape, dtype, seed) for q in range(WORLD)]
+        x = put(parts[RANK])
+        full = rank_order_sum(parts, dtype)
+        rows = shape[0] // WORLD
+        what = f"{shape} {jnp.dtype(dtype).name}"
+        expect_bits(scatter(x), full[RANK * rows:(RANK + 1) * rows], f"jit reduce_scatter {what}")
+        expect_bits(ij.reduce_scatter(x, group), full[RANK * rows:(RANK + 1) * rows], f"eager reduce_scatter {what}")
+        for algorithm in ("auto", "one_shot", "two_shot"):
+            fn = reduce_auto if algorithm == "auto" else jax.jit(lambda x, a=algorithm: ij.all_reduce(x, group, algorithm=a))
+            out = fn(x)
+            expect_bits(out, full, f"jit all_reduce ({algorithm}) {what}")
+            everyone = np.asarray(jax.device_get(gather(out)))
+            for q in range(WORLD):
+                assert np.array_equal(bits(everyone[q * shape[0]:(q + 1) * shape[0]]), bits(out)), \
+                    f"rank {RANK}: all_reduce ({algorithm}) {what}: rank {q}'s result differs from this rank's"
+        group.check()
+    # In a jitted tensor-parallel block: column-parallel ag_gemm, then a local matmul and all_reduce.
+    w1, w2 = shard(RANK, K, 21, N), shard(RANK, N, 22, 64)
+    mlp = jax.jit(lambda x, w1, w2: ij.all_reduce(jax.nn.relu(ij.ag_gemm(x, w1, group)) @ w2, group))
+    x = shard(RANK, 128, 23)
+    full_x = jnp.concatenate([shard(q, 128, 23) for q in range(WORLD)])
+    ref = sum(jax.nn.relu(reference_matmul(full_x, shard(q, K, 21, N))).astype(jnp.bfloat16).astype(jnp.float32)
+              @ shard(q, N, 22, 64).astype(jnp.float32) for q in range(WORLD))
+    check(mlp(put(x), put(w1), put(w2)), ref, "jit ag_gemm + matmul + all_reduce", tol=2e-2)
+    # A bad call (a block of 12 bytes) comes back as a JAX error on every rank; the group stays usable.
+    try:
+        jax.block_until_ready(scatter(put(jnp.ones((WORLD * 2, 3), jnp.float16))))
+    except Exception as e:  # noqa: BLE001 (XlaRuntimeError / JaxRuntimeError by version)
+        print(f"rank {RANK}: bad reduce_scatter raised {type(e).__name__}: {str(e)[:200]}")
+    else:
+        raise AssertionError("reduce_scatter of 12-byte blocks did not raise")
+    group.check()
+
+
 def main():
     w = put(shard(99, K, 7, N))  # the same weight on every rank
     gather = jax.jit(lambda x: ij.all_gather(x, group))
@@ -68,7 +142,8 @@ def main():
     else:
         raise AssertionError("gemm with K = 12 did not raise")
     group.check()
-    print(f"rank {RANK}: jax.jit all_gather, gemm, ag_gemm correct (jax {jax.__version__})")
+    check_reductions()
+    print(f"rank {RANK}: jax.jit all_gather, gemm, ag_gemm, reduce_scatter, all_reduce correct (jax {jax.__version__})")
 
 
 if __name__ == "__main__":

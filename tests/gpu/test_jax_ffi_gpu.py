@@ -1,5 +1,6 @@
 """interlace.jax under jax.jit on real GPUs, one process per GPU: the XLA FFI handlers run
-all_gather, gemm and ag_gemm on XLA's stream; results against jnp / jax.lax references
+all_gather, gemm, ag_gemm, reduce_scatter and all_reduce on XLA's stream; results against jnp /
+jax.lax references, the reductions bit for bit and all_reduce the same bits on every rank
 (jax_ffi_worker.py). Skips, saying why, where jax is missing or has no GPU backend."""
 import os
 import subprocess

@@ -1,5 +1,5 @@
 """interlace.jax on the CPU: the XLA FFI handlers exist in the native module, and jax.jit of
-functions calling interlace.jax.all_gather, gemm and ag_gemm traces and lowers, for the CUDA
+functions calling interlace.jax.all_gather, gemm, ag_gemm, reduce_scatter and all_reduce traces and lowers, for the CUDA
 platform, to stablehlo.custom_call ops with interlace's target names, attributes and result shapes.
 Lowering for CUDA needs no GPU and no CUDA plugin; running the calls does (tests/gpu/test_jax_ffi_gpu.py).
 
@@ -99,12 +99,57 @@ def test_ag_gemm_lowers_to_custom_call(group):
     assert "shard_rows = dense<[100, 156, 128, 128]> : tensor<4xi64>" in attrs
 
 
+def test_reduce_scatter_lowers_to_custom_call(group):
+    text = lower_cuda(lambda x: ij.reduce_scatter(x, group, chunk_bytes=65536), sds((WORLD * 64, 256), jnp.float32))
+    [(target, attrs, result)] = custom_calls(text)
+    assert target == "interlace_reduce_scatter"
+    assert result == "tensor<64x256xf32>"
+    assert f"group = {group.handle} : i64" in attrs and "chunk_bytes = 65536 : i64" in attrs
+    assert "num_blocks = 0 : i64" in attrs
+    assert group.registered == [(group.handle, "native stand-in")]
+    text = lower_cuda(lambda x: ij.reduce_scatter(x, group), sds((WORLD * 3, 5, 8)))
+    [(_, _, result)] = custom_calls(text)
+    assert result == "tensor<3x5x8xbf16>"
+
+
+def test_all_reduce_lowers_to_custom_call(group):
+    text = lower_cuda(lambda x: ij.all_reduce(x, group), sds((100, 7), jnp.float16))
+    [(target, attrs, result)] = custom_calls(text)
+    assert target == "interlace_all_reduce"
+    assert result == "tensor<100x7xf16>"
+    assert f"group = {group.handle} : i64" in attrs and "algorithm = 0 : i64" in attrs
+    # The algorithm's name becomes ReduceAlgorithm's value, as interlace.all_reduce passes it.
+    for name, value in (("one_shot", 2), ("two_shot", 3)):
+        text = lower_cuda(lambda x, n=name: ij.all_reduce(x, group, algorithm=n, num_blocks=16), sds((4096,)))
+        [(_, attrs, result)] = custom_calls(text)
+        assert result == "tensor<4096xbf16>"
+        assert f"algorithm = {value} : i64" in attrs and "num_blocks = 16 : i64" in attrs
+    assert ij._REDUCE_ALGORITHMS == interlace._REDUCE_ALGORITHMS
+
+
+def test_reduce_argument_errors(group):
+    with pytest.raises(ValueError, match="blocks along axis 0"):
+        jax.eval_shape(lambda x: ij.reduce_scatter(x, group), sds((WORLD * 3 + 1, 8)))
+    with pytest.raises(ValueError, match="blocks along axis 0"):
+        jax.eval_shape(lambda x: ij.reduce_scatter(x, group), sds((), jnp.float32))
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        jax.eval_shape(lambda x: ij.all_reduce(x, group, algorithm="ring"), sds((8,)))
+    with pytest.raises(TypeError, match="interlace.Group"):
+        jax.eval_shape(lambda x: ij.all_reduce(x, object()), sds((4, 8)))
+
+
 def test_composed_block_lowers(group):
     def block(x, w):
         return jax.nn.relu(ij.gemm(ij.all_gather(x, group), w)), ij.ag_gemm(x, w, group)
 
     calls = custom_calls(lower_cuda(block, sds((128, 256)), sds((256, 384))))
     assert [c[0] for c in calls] == ["interlace_all_gather", "interlace_gemm", "interlace_ag_gemm"]
+
+    def tensor_parallel_mlp(x, w1, w2):  # column-parallel, then row-parallel with the sum over ranks
+        return ij.all_reduce(jax.nn.relu(ij.ag_gemm(x, w1, group)) @ w2, group)
+
+    calls = custom_calls(lower_cuda(tensor_parallel_mlp, sds((128, 256)), sds((256, 384)), sds((384, 256))))
+    assert [c[0] for c in calls] == ["interlace_ag_gemm", "interlace_all_reduce"]
     out = jax.eval_shape(block, sds((128, 256)), sds((256, 384)))
     assert [o.shape for o in out] == [(WORLD * 128, 384)] * 2 and all(o.dtype == jnp.bfloat16 for o in out)
 
@@ -114,6 +159,9 @@ def test_shapes(group):
     assert jax.eval_shape(lambda x: ij.all_gather(x, group), sds((3, 5, 7), jnp.float32)).shape == (WORLD * 3, 5, 7)
     with pytest.raises(ValueError, match="2-D"):
         jax.eval_shape(lambda a, b: ij.gemm(a, b), sds((2, 3, 4)), sds((4, 8)))
+    assert jax.eval_shape(lambda x: ij.reduce_scatter(x, group), sds((WORLD * 2, 3), jnp.float32)).shape == (2, 3)
+    out = jax.eval_shape(lambda x: ij.all_reduce(x, group), sds((3, 5, 7), jnp.float16))
+    assert out.shape == (3, 5, 7) and out.dtype == jnp.float16
 
 
 def test_needs_an_interlace_group():
