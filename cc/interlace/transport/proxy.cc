@@ -29,6 +29,7 @@ void Proxy::fail(const std::string& why) {
 bool Proxy::take_published() {
   uint64_t next = taken_.load(std::memory_order_relaxed);
   const uint64_t first = next;
+  bool waiting = false;
   while (true) {
     ProxyRequest& slot = queue_.slots[next & (queue_.capacity - 1)];
     if (fifo_detail::load_acquire(&slot.ticket) != next + 1) break;
@@ -37,6 +38,7 @@ bool Proxy::take_published() {
       if (w.peer < 0 || w.peer >= world_size_) {
         fail(concat("proxy: a kernel posted a write to rank ", w.peer, ", outside the group of ", world_size_));
       } else if (!backend_.post(w)) {
+        waiting = true;
         break;  // full: leave the slot, and its credit, until there is room
       }
     }
@@ -44,20 +46,22 @@ bool Proxy::take_published() {
     taken_.store(next, std::memory_order_relaxed);
     fifo_detail::store_release(queue_.consumed, next);
   }
-  return next != first;
+  return next != first || waiting;
 }
 
 void Proxy::run() {
   int idle = 0;
   while (!stop_.load(std::memory_order_relaxed)) {
-    const bool took = take_published();
+    const bool busy = take_published();
     if (!failed_) {
       backend_.progress();
       const std::string why = backend_.failure();
       if (!why.empty()) fail(why);
     }
     // Spin while there is traffic (latency matters); back off to short sleeps when there is none.
-    idle = took ? 0 : idle + 1;
+    // A request the backend refused is traffic too: a sleep then would let a rate-limited
+    // backend's bucket (loopback_backend.h) fill and overflow, and the rate fall short.
+    idle = busy ? 0 : idle + 1;
     if (idle > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }

@@ -39,7 +39,7 @@ class Proxy {
 
  private:
   void run();
-  bool take_published();  // true if it took any
+  bool take_published();  // true if it took any, or one waits for room in the backend
   void fail(const std::string& why);
 
   ProxyQueue queue_;
