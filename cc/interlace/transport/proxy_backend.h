@@ -1,6 +1,7 @@
 // What a proxy backend does: carry writes from this rank's heap to other ranks' heaps and add to a
 // flag there once a write has landed. Backends: MemoryBackend (host memory as heaps, for the CPU
-// tests); RcBackend and SrdBackend (verbs_backend.h, over IbvVerbs); loopback to come (docs/DESIGN.md).
+// tests); RcBackend and SrdBackend (verbs_backend.h, over IbvVerbs); LoopbackBackend (loopback_backend.h:
+// GPUs of one host as separate nodes).
 #pragma once
 
 #include <cstdint>
