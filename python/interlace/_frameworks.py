@@ -12,8 +12,10 @@ def is_jax(x) -> bool:
 
 
 def current_stream(*tensors) -> int:
-    """The CUDA stream the tensors' framework is currently issuing work to, as an integer handle.
-    0 (the legacy default stream) when no framework tensor is among them."""
+    """The CUDA stream the tensors' framework is currently issuing work to, as an integer handle:
+    torch.cuda.current_stream(device), or CuPy's current stream on this thread (`with
+    cupy.cuda.Stream():` sets it; CuPy's null stream is 0). 0 (the legacy default stream) when no
+    torch or CuPy tensor is among them (interlace's own DLPack objects, JAX arrays)."""
     for t in tensors:
         m = _module(t)
         if m == "torch":
@@ -26,12 +28,19 @@ def current_stream(*tensors) -> int:
 
 
 def as_dlpack(x):
-    """What to hand the native layer for x. torch tensors become DLPack capsules through
-    torch.utils.dlpack.to_dlpack, which costs about a microsecond; their __dlpack__() would also make
-    the legacy default stream wait on the current one, costing tens. interlace launches on the
-    tensors' current stream, so it needs no such wait."""
-    if _module(x) == "torch":
+    """What to hand the native layer for x. interlace launches on the stream it is given (by default
+    the tensors' framework's current one), so it asks no framework for the DLPack stream handshake,
+    which would make the legacy default stream wait on the current one:
+    - torch tensors become capsules through torch.utils.dlpack.to_dlpack, about a microsecond; their
+      __dlpack__() would also record that wait, costing tens;
+    - CuPy arrays export with __dlpack__(stream=-1), "no synchronization" in the DLPack protocol;
+      plain __dlpack__() (what nanobind calls) records an event on CuPy's current stream and makes
+      the legacy default stream wait for it, on every call."""
+    m = _module(x)
+    if m == "torch":
         return sys.modules["torch"].utils.dlpack.to_dlpack(x)
+    if m == "cupy":
+        return x.__dlpack__(stream=-1)
     return x
 
 
