@@ -1,8 +1,10 @@
-"""python -m interlace.bench {all_gather,gemm,ag_gemm,reduce_scatter,all_reduce} [--world_size N]
+"""python -m interlace.bench {all_gather,gemm,ag_gemm,reduce_scatter,all_reduce,overhead} [--world_size N]
     [--out_dir bench/results] ...
 
 Starts one process per local GPU, checks each op against its baselines, times everything in the
-same run, prints a table and writes JSON plus a PNG plot."""
+same run, prints a table and writes JSON plus a PNG plot. overhead: the host's microseconds per eager
+call of every op from each framework (torch, the torch.library ops, CuPy, jax.jit, CUDA-graph
+replay) against torch.matmul, on tiny shapes (--iters: calls per timed batch); JSON and a table."""
 import sys
 
 from absl import app, flags
@@ -24,7 +26,7 @@ flags.DEFINE_integer("timeout_s", 900, "give up on the run after this long")
 # op -> (worker module, whether it runs one process per GPU or a single one)
 OPS = {"all_gather": ("interlace.bench.all_gather", True), "gemm": ("interlace.bench.gemm", False),
        "ag_gemm": ("interlace.bench.ag_gemm", True), "reduce_scatter": ("interlace.bench.reduce_scatter", True),
-       "all_reduce": ("interlace.bench.all_reduce", True)}
+       "all_reduce": ("interlace.bench.all_reduce", True), "overhead": ("interlace.bench.overhead", True)}
 
 
 def main(argv):
