@@ -81,12 +81,12 @@ LoopbackEngine::Ticket CudaLoopbackEngine::record() {
     cudaEvent_t event;
     if (!ok(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags")) return kNoTicket;
     events_.push_back(event);
+    sequence_.push_back(0);
     free_.push_back(static_cast<Ticket>(events_.size() - 1));
   }
   const Ticket ticket = free_.back();
   if (!ok(cudaEventRecord(events_[ticket], stream_), "cudaEventRecord")) return kNoTicket;
   free_.pop_back();
-  if (sequence_.size() < events_.size()) sequence_.resize(events_.size());
   sequence_[ticket] = next_sequence_++;
   return ticket;
 }
