@@ -40,7 +40,10 @@ def as_dlpack(x):
     if m == "torch":
         return sys.modules["torch"].utils.dlpack.to_dlpack(x)
     if m == "cupy":
-        return x.__dlpack__(stream=-1)
+        try:
+            return x.__dlpack__(stream=-1)
+        except (TypeError, ValueError, BufferError):  # a CuPy without the "no synchronization" value
+            return x.__dlpack__()
     return x
 
 

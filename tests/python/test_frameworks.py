@@ -56,6 +56,24 @@ def test_cupy_exports_without_stream_handshake(monkeypatch):
     assert _frameworks.as_dlpack(other) is other
 
 
+class OldCupyArray(FakeArray):
+    """A CuPy that refuses stream=-1."""
+    __module__ = "cupy._core.core"
+
+    def __dlpack__(self, stream=None):
+        self.dlpack_calls.append(stream)
+        if stream == -1:
+            raise ValueError("unsupported stream")
+        return ("capsule of", self)
+
+
+def test_cupy_without_no_sync_value_falls_back_to_the_handshake(monkeypatch):
+    fake_cupy(monkeypatch)
+    x = OldCupyArray()
+    assert _frameworks.as_dlpack(x) == ("capsule of", x)
+    assert x.dlpack_calls == [-1, None]
+
+
 @pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "all_reduce"])
 def test_collectives_launch_on_cupys_stream(monkeypatch, op):
     cupy = fake_cupy(monkeypatch)
