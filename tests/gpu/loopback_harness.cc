@@ -49,6 +49,17 @@ void cuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess) fail(std::string(what) + ": " + cudaGetErrorString(err));
 }
 
+// Waits for both GPUs. The engines' streams are non-blocking, so they do not wait for the harness's
+// cudaMemset (asynchronous) or cudaMemcpy from pageable memory (which may return before its DMA has
+// landed) on the legacy default stream: setup is synchronized before any write is posted.
+void sync_both() {
+  for (int d = 0; d < 2; ++d) {
+    cuda(cudaSetDevice(d), "cudaSetDevice");
+    cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+  cuda(cudaSetDevice(0), "cudaSetDevice");
+}
+
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // The byte at `offset` of rank r's sources.
@@ -106,6 +117,7 @@ void check_correctness(std::vector<char*> heaps, LoopbackOptions options) {
     for (uint64_t o = 0; o < extent; ++o) source[o] = pattern(d->from, o);
     cuda(cudaMemcpy(heaps[d->from] + kData, source.data(), extent, cudaMemcpyHostToDevice), "filling the sources");
   }
+  sync_both();
   drive({&d01, &d10});
   for (Direction* d : {&d01, &d10}) {
     // Every byte of the landing half: the sender's pattern where written, still zero past it.
@@ -154,6 +166,7 @@ std::vector<double> throughput(std::vector<char*> heaps, double rate, uint64_t w
       d.writes.push_back(ProxyWrite{d.to, kData + offset, kData + kHalf + offset, write_bytes, 0, 1});
     }
   }
+  sync_both();
   std::vector<Direction*> driven;
   for (Direction& d : dirs) driven.push_back(&d);
   const auto start = Clock::now();
@@ -187,7 +200,7 @@ int main() {
     heaps[d] = static_cast<char*>(heap);
     cuda(cudaMemset(heaps[d], 0, kHeapBytes), "cudaMemset");
   }
-  cuda(cudaSetDevice(0), "cudaSetDevice");
+  sync_both();
   cudaDeviceProp prop;
   cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   std::printf("2 x %s, one process, peer access both ways\n", prop.name);
