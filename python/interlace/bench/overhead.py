@@ -205,8 +205,10 @@ def jax_methods(group, world):
     dev = jax.devices("gpu")[group.device]
 
     def randn(seed, *shape):
+        # Committed to dev (device_put): a jitted call on uncommitted arrays runs on JAX's default
+        # device, GPU 0, whichever GPU this rank's group is on.
         with jax.default_device(dev):
-            return jax.random.normal(jax.random.key(seed), shape, jnp.bfloat16)
+            return jax.device_put(jax.random.normal(jax.random.key(seed), shape, jnp.bfloat16), dev)
 
     a, b, x = randn(1, ROWS, K), randn(2, K, N), randn(3, *SMALL)
     scatter_in, shard = randn(4, world * SMALL[0], SMALL[1]), randn(5, ROWS // 2, K)
