@@ -14,7 +14,6 @@ that all see the same clocks):
 Rows: three headline shapes, then M from 512 to 32768 at (K, N) = (4096, 14336) and (8192, 28672).
 --sizes=MxKxN,... (or plain M: both sweeps) replaces them."""
 import os
-import warnings
 
 from interlace.bench import launch
 
@@ -89,21 +88,9 @@ def check_or_exit(problem, rank):
         raise SystemExit(f"rank {rank}: {problem or 'another rank found a wrong result'}")
 
 
-class TorchFused:
+class TorchFused(common.SymmMemBaseline):
     """torch.ops.symm_mem.fused_all_gather_matmul, or why it cannot run here. Every failure is
     recorded, never raised: a baseline that does not run must not stop the benchmark."""
-
-    def __init__(self):
-        self.reason = None
-        try:
-            import torch.distributed._symmetric_memory as symm_mem  # registers torch.ops.symm_mem
-            self.symm_mem = symm_mem
-            self.group_name = dist.group.WORLD.group_name
-            with warnings.catch_warnings():  # deprecated (and unneeded) in newer torch, required in older
-                warnings.simplefilter("ignore")
-                symm_mem.enable_symm_mem_for_group(self.group_name)
-        except Exception as e:  # noqa: BLE001 (any failure of a baseline is recorded)
-            self.reason = f"setup: {type(e).__name__}: {e}"
 
     def prepare(self, a_shard, b):
         """A zero-argument function timing one call, and the out it returns on a first call (or None
@@ -117,9 +104,7 @@ class TorchFused:
 
         if reason is None:
             try:
-                a_symm = self.symm_mem.empty(tuple(a_shard.shape), dtype=a_shard.dtype, device=a_shard.device)
-                self.symm_mem.rendezvous(a_symm, self.group_name)
-                a_symm.copy_(a_shard)
+                a_symm = self.symmetric_copy(a_shard)
                 out = call()[1][0]
                 torch.cuda.synchronize()
             except Exception as e:  # noqa: BLE001

@@ -13,7 +13,6 @@ and up to 1 MiB, per-call latency under CUDA-graph replay: interlace_graph, torc
 Bus bandwidth = 2 (world - 1) / world * bytes / time, as nccl-tests reports it. Rows hold bytes and us
 (and busbw_gbs) per method."""
 import os
-import warnings
 
 import torch
 import torch.distributed as dist
@@ -28,35 +27,17 @@ FLAGS = flags.FLAGS
 DEFAULT_SIZES, GRAPH_MAX_BYTES = rc.DEFAULT_SIZES, rc.GRAPH_MAX_BYTES
 
 
-class TorchSymmMem:
+class TorchSymmMem(common.SymmMemBaseline):
     """torch.ops.symm_mem's one-shot and two-shot all_reduce on a symmetric buffer, or why not."""
 
-    def __init__(self):
-        self.reason = None
-        try:
-            import torch.distributed._symmetric_memory as symm_mem  # registers torch.ops.symm_mem
-            self.symm_mem = symm_mem
-            self.group_name = dist.group.WORLD.group_name
-            with warnings.catch_warnings():  # deprecated (and unneeded) in newer torch, required in older
-                warnings.simplefilter("ignore")
-                symm_mem.enable_symm_mem_for_group(self.group_name)
-        except Exception as e:  # noqa: BLE001
-            self.reason = f"setup: {type(e).__name__}: {e}"
-
-    def buffer(self, inp):
-        buf = self.symm_mem.empty(tuple(inp.shape), dtype=inp.dtype, device=inp.device)
-        self.symm_mem.rendezvous(buf, self.group_name)
-        buf.copy_(inp)
-        return buf
-
     def one_shot(self, inp, out):
-        buf = self.buffer(inp)
+        buf = self.symmetric_copy(inp)
         fn = lambda: torch.ops.symm_mem.one_shot_all_reduce_out(buf, "sum", self.group_name, out)  # noqa: E731
         fn()
         return fn
 
     def two_shot(self, inp):
-        buf = self.buffer(torch.zeros_like(inp))  # in place: zeros stay zeros however often it runs
+        buf = self.symmetric_copy(torch.zeros_like(inp))  # in place: zeros stay zeros however often it runs
         fn = lambda: torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", self.group_name)  # noqa: E731
         fn()
         return fn

@@ -3,6 +3,7 @@ import datetime
 import json
 import os
 import statistics
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -114,3 +115,28 @@ def write_results(out_dir: str, name: str, payload: dict, plot) -> str:
     except ImportError as e:  # matplotlib missing: the JSON still holds every number
         print(f"no plot: {e}")
     return path
+
+
+class SymmMemBaseline:
+    """A baseline built on torch's symmetric memory (torch.ops.symm_mem) over the default process
+    group. Setup failures are recorded in `reason`, never raised: a baseline that does not run
+    must not stop the benchmark."""
+
+    def __init__(self):
+        self.reason = None
+        try:
+            import torch.distributed._symmetric_memory as symm_mem  # registers torch.ops.symm_mem
+            self.symm_mem = symm_mem
+            self.group_name = dist.group.WORLD.group_name
+            with warnings.catch_warnings():  # deprecated (and unneeded) in newer torch, required in older
+                warnings.simplefilter("ignore")
+                symm_mem.enable_symm_mem_for_group(self.group_name)
+        except Exception as e:  # noqa: BLE001 (any failure of a baseline is recorded)
+            self.reason = f"setup: {type(e).__name__}: {e}"
+
+    def symmetric_copy(self, t):
+        """A symmetric tensor holding t's values (collective: every rank calls it alike)."""
+        buf = self.symm_mem.empty(tuple(t.shape), dtype=t.dtype, device=t.device)
+        self.symm_mem.rendezvous(buf, self.group_name)
+        buf.copy_(t)
+        return buf
