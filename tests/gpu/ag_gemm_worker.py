@@ -12,6 +12,7 @@ import sys
 import torch
 
 import interlace
+from interlace.bench.launch import expect_error
 import interlace.torch as itorch
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -289,20 +290,6 @@ def scenario_graph():
     cases[0].verify("eager call after a replay")
     cases[1].verify("the last replay")
     print(f"rank {RANK}: {replays} replays of 3 captured calls correct, and eager calls around them")
-
-
-def expect_error(fn, *needles, errors=(interlace.Error,)):
-    """fn must raise (interlace.Error) with every needle in its message; a needle is a string or a
-    tuple of alternatives (the message names the problem in one of these words)."""
-    try:
-        fn()
-    except errors as e:
-        text = str(e)
-        for needle in needles:
-            alternatives = needle if isinstance(needle, tuple) else (needle,)
-            assert any(a in text for a in alternatives), f"rank {RANK}: the error lacks {needle!r}: {text}"
-        return text
-    raise AssertionError(f"rank {RANK}: no error; expected one mentioning {needles}")
 
 
 def scenario_validation():

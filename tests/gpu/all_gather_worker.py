@@ -5,6 +5,7 @@ import sys
 import torch
 
 import interlace
+from interlace.bench.launch import expect_error
 import interlace.torch as itorch
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -131,16 +132,6 @@ def scenario_graph():
         expect_equal(out, torch.cat([shard(q, n, torch.bfloat16, 5000 + step) for q in range(WORLD)]), f"replay {step}")
         expect_equal(out2, torch.cat([shard(q, n, torch.bfloat16, 7000 + step) for q in range(WORLD)]), f"replay {step} staged")
     print(f"rank {RANK}: 100 graph replays correct")
-
-
-def expect_error(fn, *needles):
-    try:
-        fn()
-    except interlace.Error as e:
-        for needle in needles:
-            assert needle in str(e), f"error lacks {needle!r}: {e}"
-        return str(e)
-    raise AssertionError(f"no error; expected one mentioning {needles}")
 
 
 def scenario_validation():

@@ -11,6 +11,7 @@ import sys
 import torch
 
 import interlace
+from interlace.bench.launch import expect_error
 import interlace.torch as itorch
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -295,16 +296,6 @@ def scenario_graph():
         expect_sum(in_place, p_in_place, f"replay {step}: in place")
         expect_sum(rs_out, [p[RANK * n:(RANK + 1) * n] for p in p_rs], f"replay {step}: reduce_scatter")
     print(f"rank {RANK}: 50 graph replays correct")
-
-
-def expect_error(fn, *needles):
-    try:
-        fn()
-    except interlace.Error as e:
-        for needle in needles:
-            assert needle in str(e), f"rank {RANK}: error lacks {needle!r}: {e}"
-        return str(e)
-    raise AssertionError(f"rank {RANK}: no error; expected one mentioning {needles}")
 
 
 def scenario_validation():

@@ -68,3 +68,22 @@ def expect_ranks_passed(results, ranks=None) -> str:
         raise AssertionError(report)
     print(report)
     return report
+
+
+def expect_error(fn, *needles, errors=None) -> str:
+    """For rank workers: fn must raise (interlace.Error, or one of `errors`) with every needle in its
+    message, a needle being a string or a tuple of alternatives (the message names the problem in
+    one of these words). Returns the message."""
+    if errors is None:
+        from interlace import Error  # here: launching ranks needs no interlace build
+        errors = (Error,)
+    rank = os.environ.get("RANK", "?")
+    try:
+        fn()
+    except errors as e:
+        text = str(e)
+        for needle in needles:
+            alternatives = needle if isinstance(needle, tuple) else (needle,)
+            assert any(a in text for a in alternatives), f"rank {rank}: the error lacks {needle!r}: {text}"
+        return text
+    raise AssertionError(f"rank {rank}: no error; expected one mentioning {needles}")
