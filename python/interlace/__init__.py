@@ -125,7 +125,7 @@ def gemm(a, b, out, *, stream=None, band_m=0, tile_n=0, cluster_m=0, pingpong=Tr
 
 
 def ag_gemm(a_shard, b, out, group, *, gathered=None, shard_rows=None, stream=None, chunk_rows=0, band_m=0, tile_n=0,
-            pingpong=True, copy_ctas=0):
+            pingpong=True, transfer="auto", copy_ctas=0):
     """out[M, N] = A[M, K] @ b, where A is every rank's a_shard ([M_r, K], row-major) stacked in rank
     order, in one launch: the shards travel over NVLink while the GEMM computes on the rows that have
     landed (this rank's own first). b is [K, N], row-major or column-major (a Linear weight w [N, K]
@@ -135,8 +135,9 @@ def ag_gemm(a_shard, b, out, group, *, gathered=None, shard_rows=None, stream=No
     (group.empty) is written in place, an ordinary one is copied into from heap scratch.
     Tuning (0: automatic): chunk_rows, rows per transfer chunk; band_m, as in gemm; pingpong (default),
     consumer warpgroups on alternate 128 x 128 tiles, else cooperative tiles of width tile_n (128 or
-    256); copy_ctas, SMs set aside to push the shard (a multiple of 2; -1: none, the GEMM's idle
-    producer warps push). Stream-ordered, graph-capturable;
+    256); transfer, how the shards travel: "copy_engine" (automatic: the copy engines pull them and
+    the GEMM keeps every SM) or "ctas" (copy_ctas SMs, a multiple of 2, set aside to push them).
+    Stream-ordered, graph-capturable;
     raises interlace.Error before any GPU work on bad arguments."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: interlace.ag_gemm writes into out")
@@ -146,4 +147,5 @@ def ag_gemm(a_shard, b, out, group, *, gathered=None, shard_rows=None, stream=No
     _C.ag_gemm(_frameworks.as_dlpack(a_shard), _frameworks.as_dlpack(b), _frameworks.as_dlpack(out), native,
                gathered=None if gathered is None else _frameworks.as_dlpack(gathered),
                shard_rows=[] if shard_rows is None else [int(r) for r in shard_rows], stream=stream,
-               chunk_rows=chunk_rows, band_m=band_m, tile_n=tile_n, pingpong=pingpong, copy_ctas=copy_ctas)
+               chunk_rows=chunk_rows, band_m=band_m, tile_n=tile_n, pingpong=pingpong, transfer=transfer,
+               copy_ctas=copy_ctas)

@@ -251,17 +251,19 @@ NB_MODULE(_interlace, m) {
   m.def("ag_gemm",
         [](nb::ndarray<nb::ro> a_shard, nb::ndarray<nb::ro> b, nb::ndarray<> out, Group& group,
            std::optional<nb::ndarray<>> gathered, std::vector<int64_t> shard_rows, uintptr_t stream,
-           int64_t chunk_rows, int band_m, int tile_n, bool pingpong, int copy_ctas) {
+           int64_t chunk_rows, int band_m, int tile_n, bool pingpong, const std::string& transfer, int copy_ctas) {
+          AgGemmTuning tuning{chunk_rows, band_m, tile_n, pingpong, ag_gemm_transfer_named(transfer), copy_ctas};
           TensorView va = view_of(a_shard), vb = view_of(b), vo = view_of(out);
           std::optional<TensorView> vg;
           if (gathered) vg = view_of(*gathered);
           nb::gil_scoped_release release;
           ag_gemm(group, va, vb, vo, vg ? &*vg : nullptr, shard_rows, reinterpret_cast<cudaStream_t>(stream),
-                  AgGemmTuning{chunk_rows, band_m, tile_n, pingpong, copy_ctas});
+                  tuning);
         },
         "a_shard"_a.noconvert(), "b"_a.noconvert(), "out"_a.noconvert(), "group"_a, nb::kw_only(),
         "gathered"_a.noconvert() = nb::none(), "shard_rows"_a = std::vector<int64_t>{}, "stream"_a,
-        "chunk_rows"_a = 0, "band_m"_a = 0, "tile_n"_a = 0, "pingpong"_a = true, "copy_ctas"_a = 0);
+        "chunk_rows"_a = 0, "band_m"_a = 0, "tile_n"_a = 0, "pingpong"_a = true, "transfer"_a = "auto",
+        "copy_ctas"_a = 0);
 
   m.def("gemm",
         [](nb::ndarray<nb::ro> a, nb::ndarray<nb::ro> b, nb::ndarray<> out, uintptr_t stream, int band_m, int tile_n,

@@ -6,6 +6,7 @@
 #include <set>
 #include <vector>
 
+#include "error_of.h"
 #include "gtest/gtest.h"
 #include "interlace/base/error.h"
 
@@ -115,33 +116,63 @@ TEST(AgGemmPlan, KernelOrderMatchesTheReference) {
 }
 
 TEST(AgGemmPlan, ChunkRows) {
+  constexpr AgGemmTransfer kSm = AgGemmTransfer::kCopyCtas;
   const AgGemmRows rows = make_ag_gemm_rows({4096, 4096}, 0);
-  EXPECT_EQ(ag_gemm_chunk_rows(rows, 16384, 132, 0), 16);        // 256 KiB
-  EXPECT_EQ(ag_gemm_chunk_rows(rows, 16384, 500, 0), 5);         // 2 per CTA where 256 KiB would leave CTAs idle
-  EXPECT_EQ(ag_gemm_chunk_rows(rows, 16, 132, 0), 16);            // tiny rows: 2 per CTA
-  EXPECT_EQ(ag_gemm_chunk_rows(make_ag_gemm_rows({1 << 20, 1}, 1), 16, 1, 0), 16384);  // 256 KiB
-  EXPECT_EQ(ag_gemm_chunk_rows(make_ag_gemm_rows({1 << 22, 1}, 1), 1 << 16, 132, 0), 4096);  // at most 1024 chunks
-  EXPECT_EQ(ag_gemm_chunk_rows(rows, 16384, 132, 7), 7);
-  EXPECT_THROW(ag_gemm_chunk_rows(make_ag_gemm_rows({1 << 22, 1}, 1), 16, 132, 7), Error);
-  EXPECT_EQ(ag_gemm_chunk_rows(make_ag_gemm_rows({0, 0}, 1), 16, 132, 0), 1);
+  EXPECT_EQ(ag_gemm_chunk_rows(rows, 16384, kSm, 132, 0), 16);        // 256 KiB
+  EXPECT_EQ(ag_gemm_chunk_rows(rows, 16384, kSm, 500, 0), 5);         // 2 per CTA where 256 KiB would leave CTAs idle
+  EXPECT_EQ(ag_gemm_chunk_rows(rows, 16, kSm, 132, 0), 16);            // tiny rows: 2 per CTA
+  EXPECT_EQ(ag_gemm_chunk_rows(make_ag_gemm_rows({1 << 20, 1}, 1), 16, kSm, 1, 0), 16384);  // 256 KiB
+  EXPECT_EQ(ag_gemm_chunk_rows(make_ag_gemm_rows({1 << 22, 1}, 1), 1 << 16, kSm, 132, 0), 4096);  // at most 1024 chunks
+  EXPECT_EQ(ag_gemm_chunk_rows(rows, 16384, kSm, 132, 7), 7);
+  EXPECT_THROW(ag_gemm_chunk_rows(make_ag_gemm_rows({1 << 22, 1}, 1), 16, kSm, 132, 7), Error);
+  EXPECT_EQ(ag_gemm_chunk_rows(make_ag_gemm_rows({0, 0}, 1), 16, kSm, 132, 0), 1);
   // A request past the largest shard is one chunk per shard (a huge one must not overflow chunk counts).
-  EXPECT_EQ(ag_gemm_chunk_rows(rows, 16384, 132, int64_t{1} << 62), 4096);
-  EXPECT_EQ(ag_gemm_chunk_rows(make_ag_gemm_rows({0, 0}, 1), 16, 132, 1000), 1);
+  EXPECT_EQ(ag_gemm_chunk_rows(rows, 16384, kSm, 132, int64_t{1} << 62), 4096);
+  EXPECT_EQ(ag_gemm_chunk_rows(make_ag_gemm_rows({0, 0}, 1), 16, kSm, 132, 1000), 1);
+}
+
+TEST(AgGemmPlan, CopyEngineChunks) {
+  constexpr AgGemmTransfer kCe = AgGemmTransfer::kCopyEngine;
+  EXPECT_EQ(ag_gemm_chunk_rows(make_ag_gemm_rows({4096, 4096}, 0), 16384, kCe, 132, 0), 256);  // 4 MiB
+  EXPECT_EQ(ag_gemm_chunk_rows(make_ag_gemm_rows({16384, 16384}, 0), 16384, kCe, 132, 0), 512);  // at most 32
+  EXPECT_EQ(ag_gemm_chunk_rows(make_ag_gemm_rows({100, 3}, 0), 16384, kCe, 132, 0), 100);  // one chunk
+  EXPECT_EQ(ag_gemm_chunk_rows(make_ag_gemm_rows({0, 0}, 0), 16384, kCe, 132, 0), 1);
+  EXPECT_EQ(ag_gemm_chunk_rows(make_ag_gemm_rows({4096, 4096}, 0), 16384, kCe, 132, 64), 64);
+}
+
+TEST(AgGemmPlan, BandM) {
+  // Cluster tile rows of 256: shards of 8, 16 and 32 tile rows, and uneven ones (the largest counts).
+  EXPECT_EQ(ag_gemm_band_m(make_ag_gemm_rows({2048, 2048}, 0, 256), 8, 0), 4);
+  EXPECT_EQ(ag_gemm_band_m(make_ag_gemm_rows({4096, 4096}, 1, 256), 8, 0), 8);
+  EXPECT_EQ(ag_gemm_band_m(make_ag_gemm_rows({8192, 8192}, 0, 256), 8, 0), 8);
+  EXPECT_EQ(ag_gemm_band_m(make_ag_gemm_rows({8192, 8192}, 0, 256), 16, 0), 16);
+  EXPECT_EQ(ag_gemm_band_m(make_ag_gemm_rows({1, 2049}, 0, 256), 8, 0), 4);  // 9 tile rows
+  EXPECT_EQ(ag_gemm_band_m(make_ag_gemm_rows({1, 0}, 0, 256), 8, 0), 2);     // never below 2
+  EXPECT_EQ(ag_gemm_band_m(make_ag_gemm_rows({2048, 2048}, 0, 256), 8, 3), 3);  // requested wins
+  EXPECT_THROW(ag_gemm_band_m(make_ag_gemm_rows({2048, 2048}, 0, 256), 8, -1), Error);
+}
+
+TEST(AgGemmPlan, Transfer) {
+  EXPECT_EQ(ag_gemm_transfer(AgGemmTransfer::kAuto), AgGemmTransfer::kCopyEngine);
+  EXPECT_EQ(ag_gemm_transfer(AgGemmTransfer::kCopyCtas), AgGemmTransfer::kCopyCtas);
+}
+
+TEST(AgGemmPlan, TransferNames) {
+  EXPECT_EQ(ag_gemm_transfer_named("auto"), AgGemmTransfer::kAuto);
+  EXPECT_EQ(ag_gemm_transfer_named("copy_engine"), AgGemmTransfer::kCopyEngine);
+  EXPECT_EQ(ag_gemm_transfer_named("ctas"), AgGemmTransfer::kCopyCtas);
+  EXPECT_NE(error_of([] { ag_gemm_transfer_named("warps"); }), "");
+  EXPECT_NE(error_of([] { ag_gemm_transfer_named("nvlink"); }).find("'copy_engine'"), std::string::npos);
 }
 
 TEST(AgGemmPlan, CopyCtas) {
-  const AgGemmRows rows = make_ag_gemm_rows({4096, 4096}, 0);
-  EXPECT_EQ(ag_gemm_copy_ctas(rows, 16384, 132, 2, 0), kAgGemmCopyCtas);
-  EXPECT_EQ(ag_gemm_copy_ctas(rows, 16384, 132, 2, -1), 0);  // the idle producer warps push
-  EXPECT_EQ(ag_gemm_copy_ctas(rows, 16384, 132, 2, 16), 16);
-  EXPECT_EQ(ag_gemm_copy_ctas(rows, 16384, 132, 2, 130), 130);  // one cluster still computes
-  EXPECT_THROW(ag_gemm_copy_ctas(rows, 16384, 132, 2, 132), Error);
-  EXPECT_THROW(ag_gemm_copy_ctas(rows, 16384, 132, 2, 3), Error);
-  EXPECT_EQ(ag_gemm_copy_ctas(rows, 16384, 6, 2, 0), 4);  // a small GPU keeps a cluster for the GEMM
-  // Every rank chooses alike, an empty shard too; nothing to push: no rows at all, or no peer.
-  EXPECT_EQ(ag_gemm_copy_ctas(make_ag_gemm_rows({0, 8}, 0), 16384, 132, 2, 0), kAgGemmCopyCtas);
-  EXPECT_EQ(ag_gemm_copy_ctas(make_ag_gemm_rows({0, 0}, 0), 16384, 132, 2, 0), 0);
-  EXPECT_EQ(ag_gemm_copy_ctas(make_ag_gemm_rows({8}, 0), 16384, 132, 2, 0), 0);
+  EXPECT_EQ(ag_gemm_copy_ctas(132, 2, 0), kAgGemmCopyCtas);
+  EXPECT_EQ(ag_gemm_copy_ctas(132, 2, 16), 16);
+  EXPECT_EQ(ag_gemm_copy_ctas(132, 2, 130), 130);  // one cluster still computes
+  EXPECT_THROW(ag_gemm_copy_ctas(132, 2, 132), Error);
+  EXPECT_THROW(ag_gemm_copy_ctas(132, 2, 3), Error);
+  EXPECT_THROW(ag_gemm_copy_ctas(132, 2, -2), Error);
+  EXPECT_EQ(ag_gemm_copy_ctas(6, 2, 0), 4);  // a small GPU keeps a cluster for the GEMM
 }
 
 TEST(AgGemmPlan, BadLayoutsRaise) {

@@ -20,10 +20,10 @@ torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 torch.backends.cuda.matmul.allow_tf32 = False  # the reference is true fp32
 # A stuck wait becomes an error naming the flag after this long, rather than a hang.
 TIMEOUT_S = 20.0
-# Configurations each case runs with: automatic (ping-pong, CTAs set aside to push), cooperative tiles
-# of each width, and each way of pushing (the GEMM's idle warps; a single pushing cluster).
-PATHS = ({}, {"pingpong": False, "tile_n": 128, "copy_ctas": -1}, {"pingpong": False, "tile_n": 256, "band_m": 1},
-         {"copy_ctas": 2})
+# Configurations each case runs with: automatic (ping-pong, the copy engines), cooperative tiles of
+# each width, and CTAs set aside to push (the default count; a single pushing cluster).
+PATHS = ({}, {"pingpong": False, "tile_n": 128, "transfer": "ctas"}, {"pingpong": False, "tile_n": 256, "band_m": 1},
+         {"transfer": "ctas", "copy_ctas": 2})
 
 # (rows, K, N[, tuning]). Rank q holds rows[q % len(rows)] rows, so every rank knows every shard's size
 # at any world size. Together: whole 128-row tiles and tails; a shard much smaller than the other;
@@ -346,8 +346,10 @@ def scenario_validation():
         (lambda: ag_gemm(a, b.cpu(), out, group), ["cpu"]),
         # tuning, and shard lists that do not fit
         (lambda: ag_gemm(a, b, out, group, chunk_rows=-1), ["chunk_rows"]),
-        (lambda: ag_gemm(a, b, out, group, copy_ctas=3), ["copy_ctas"]),
-        (lambda: ag_gemm(a, b, out, group, copy_ctas=100000), ["copy_ctas"]),
+        (lambda: ag_gemm(a, b, out, group, transfer="ctas", copy_ctas=3), ["copy_ctas"]),
+        (lambda: ag_gemm(a, b, out, group, transfer="ctas", copy_ctas=100000), ["copy_ctas"]),
+        (lambda: ag_gemm(a, b, out, group, copy_ctas=8), ["copy_ctas"]),
+        (lambda: ag_gemm(a, b, out, group, transfer="warps"), ["transfer"]),
         (lambda: ag_gemm(a, b, out, group, tile_n=96), ["tile_n"]),
         (lambda: interlace.ag_gemm(a, b, out, group, shard_rows=counts[:-1]), ["shard_rows"]),
         (lambda: interlace.ag_gemm(a, b, out, group, shard_rows=[c + 1 for c in counts]), ["shard_rows"]),

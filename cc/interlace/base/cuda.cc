@@ -63,6 +63,8 @@ const DriverApi& driver() {
       resolve("cuMemUnmap", api.cuMemUnmap);
       resolve("cuMemSetAccess", api.cuMemSetAccess);
       resolve("cuMemGetAllocationGranularity", api.cuMemGetAllocationGranularity);
+      resolve("cuStreamWaitValue32", api.cuStreamWaitValue32);
+      resolve("cuStreamWriteValue32", api.cuStreamWriteValue32);
     } catch (const Error& e) {
       failure = e.what();
     }

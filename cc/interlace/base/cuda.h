@@ -1,8 +1,9 @@
 // CUDA runtime and driver access that works on machines without a GPU.
 //
 // cudart is linked statically and loads libcuda.so.1 only when first used, so importing the
-// library needs no driver. Driver functions (the cuMem* VMM calls) are resolved at run time through
-// cudaGetDriverEntryPointByVersion; a missing driver or GPU becomes a clear interlace::Error.
+// library needs no driver. Driver functions (the cuMem* VMM calls, stream memory operations) are
+// resolved at run time through cudaGetDriverEntryPointByVersion; a missing driver or GPU becomes a
+// clear interlace::Error.
 #pragma once
 
 #include <cuda.h>
@@ -25,6 +26,9 @@ struct DriverApi {
   decltype(&::cuMemSetAccess) cuMemSetAccess;
   decltype(&::cuMemGetAllocationGranularity) cuMemGetAllocationGranularity;
   decltype(&::cuGetErrorString) cuGetErrorString;
+  // Stream memory operations: copy-engine work that waits for and raises flags (ag_gemm).
+  decltype(&::cuStreamWaitValue32) cuStreamWaitValue32;
+  decltype(&::cuStreamWriteValue32) cuStreamWriteValue32;
 };
 
 // Raises when there is no driver or no GPU, saying so.

@@ -69,8 +69,24 @@ Group::~Group() {
   // kernel waiting on a dead peer is stopped rather than left to its timeout.
   heap_.reset();
   watchdog_.reset();
+  for (auto& [user, side] : side_streams_) {
+    cudaStreamDestroy(side.stream);
+    cudaEventDestroy(side.fork);
+    cudaEventDestroy(side.join);
+  }
   if (last_op_) cudaEventDestroy(last_op_);
   if (control_host_) cudaFreeHost(control_host_);
+}
+
+const Group::SideStream& Group::side_stream(cudaStream_t user) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  auto it = side_streams_.find(user);
+  if (it != side_streams_.end()) return it->second;
+  SideStream side;
+  IL_CUDA_CHECK(cudaStreamCreateWithFlags(&side.stream, cudaStreamNonBlocking));
+  IL_CUDA_CHECK(cudaEventCreateWithFlags(&side.fork, cudaEventDisableTiming));
+  IL_CUDA_CHECK(cudaEventCreateWithFlags(&side.join, cudaEventDisableTiming));
+  return side_streams_.emplace(user, side).first->second;
 }
 
 std::string Group::describe_abort() {

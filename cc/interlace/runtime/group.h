@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "interlace/device/signal_pad.h"
@@ -79,6 +80,16 @@ class Group : public std::enable_shared_from_this<Group> {
   // in use by an op in flight, so only stream-ordered work should touch it.
   size_t scratch(size_t bytes, const char* what, bool capturing);
 
+  // A stream beside `user` for an op's copy-engine work, with events to fork it from `user` and
+  // join it back: created on first use per user stream (a capture on one user stream then never
+  // takes in another's), kept for the group's life. Call under an OpCall.
+  struct SideStream {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t fork = nullptr;
+    cudaEvent_t join = nullptr;
+  };
+  const SideStream& side_stream(cudaStream_t user);
+
  private:
   friend class OpCall;
   std::string describe_abort();
@@ -112,6 +123,7 @@ class Group : public std::enable_shared_from_this<Group> {
   size_t scratch_offset_ = 0;
   size_t scratch_bytes_ = 0;
   bool scratch_captured_ = false;
+  std::unordered_map<cudaStream_t, SideStream> side_streams_;
 };
 
 }  // namespace interlace

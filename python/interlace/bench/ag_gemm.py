@@ -35,8 +35,8 @@ flags.DEFINE_list("sizes", [], "global shapes MxKxN, or M (both sweeps' K and N)
 flags.DEFINE_integer("warmup", 10, "")
 flags.DEFINE_integer("iters", 50, "at most; big shapes get fewer (about 0.3 s of timed launches per method)")
 flags.DEFINE_list("tunings", [], "interlace settings to time besides the automatic ones, "
-                  "chunk_rows:tile_n:band_m:pingpong:copy_ctas (0 = automatic; pingpong 1 or 0; copy_ctas -1: "
-                  "the idle producer warps push)")
+                  "chunk_rows:tile_n:band_m:pingpong:transfer (0 = automatic; pingpong 1 or 0; transfer "
+                  "copy_engine, or ctasN: N SMs set aside to push)")
 flags.DEFINE_string("command", "", "")
 
 HEADLINE = [(8192, 8192, 14336), (4096, 8192, 8192), (16384, 8192, 8192)]
@@ -123,10 +123,11 @@ def main(_):
     for m, k, n, _ in shapes:
         if m % world or n % world or m <= 0 or k <= 0 or n <= 0:
             raise SystemExit(f"shape M={m} K={k} N={n}: M and N must be positive multiples of the {world} ranks")
-    tunings = [(0, 0, 0, 1, 0)]  # the automatic settings are always timed, as "interlace"
+    tunings = [(0, 0, 0, 1, "auto")]  # the automatic settings are always timed, as "interlace"
     for t in FLAGS.tunings:
-        fields = [int(f or 0) for f in t.split(":")] + [0, 0, 0, 1, 0][len(t.split(":")):]
-        tuning = tuple(fields[:5])
+        given = t.split(":")
+        fields = [int(f or 0) for f in given[:4]] + [0, 0, 0, 1][len(given[:4]):] + [given[4] if len(given) > 4 else "auto"]
+        tuning = tuple(fields)
         if tuning not in tunings:
             tunings.append(tuning)
     # Room for the largest gathered A twice (op scratch: receive buffer and more) and flags.
@@ -170,11 +171,12 @@ def measure(group, torch_fused, m, k, n, series, rank, world, tunings):
     out = torch.empty(m, n_local, device="cuda", dtype=DTYPE)
     # Symmetric (group.empty): the shards land in it directly, as they do in NCCL's output.
     gathered = itorch.empty(group, (m, k), DTYPE)
-    for chunk, tile_n, band_m, pingpong, copy_ctas in tunings:
-        automatic = (chunk, tile_n, band_m, pingpong, copy_ctas) == (0, 0, 0, 1, 0)
-        label = "interlace" if automatic else f"interlace[{chunk}:{tile_n}:{band_m}:{pingpong}:{copy_ctas}]"
+    for chunk, tile_n, band_m, pingpong, transfer in tunings:
+        automatic = (chunk, tile_n, band_m, pingpong, transfer) == (0, 0, 0, 1, "auto")
+        label = "interlace" if automatic else f"interlace[{chunk}:{tile_n}:{band_m}:{pingpong}:{transfer}]"
         kwargs = {"chunk_rows": chunk, "tile_n": tile_n, "band_m": band_m, "pingpong": bool(pingpong),
-                  "copy_ctas": copy_ctas}
+                  "transfer": "ctas" if transfer.startswith("ctas") else transfer,
+                  "copy_ctas": int(transfer[4:] or 0) if transfer.startswith("ctas") else 0}
         out.fill_(float("nan"))
         gathered.fill_(float("nan"))
         interlace.ag_gemm(a_shard, b, out, group, gathered=gathered, **kwargs)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <string>
 #include <numeric>
 #include <type_traits>
 
@@ -109,6 +110,35 @@ void launch(const Launch& l, cudaStream_t stream) {
   gemm_engine::launch_kernel<Config>(V::kernel(), params, l.ctas, stream);
 }
 
+// Copy engines: the side stream's part of one call (AgGemmFlags says what each flag means). Pull
+// each peer's shard from its landing buffer, in the order the tile order expects them (rank - 1
+// first), as soon as that peer's kernel has staged it, chunk by chunk, raising each chunk's flag with
+// a stream write. Pulling, not pushing: a call that some rank skips or aborts still writes only this
+// rank's memory. Copies from a peer run on the copy engines; a copy within one GPU runs on the SMs,
+// which the GEMM holds (measured: it waits for the kernel), so the kernel stages this rank's own
+// shard. (cudaMemcpyAsync, not cuMemcpyBatchAsync: the latter cannot be captured in a CUDA graph.) Every wait here is released by the kernel
+// if the call stops early.
+void queue_transfers(SymmetricHeap& heap, const AgGemmShared& s, cudaStream_t stream) {
+  const DriverApi& cu = driver();
+  const CUstream c = reinterpret_cast<CUstream>(stream);
+  const int me = s.transport.local_rank, world = s.transport.local_size;
+  auto word = [](const uint64_t* flag) { return reinterpret_cast<CUdeviceptr>(flag); };  // its low half
+  AgGemmFlags* mine = op_flags<AgGemmFlags, OpId::kAgGemm>(heap.pad(me));
+  for (int k = 1; k < world; ++k) {
+    const int q = (me - k + world) % world;
+    IL_CU_CHECK(cu.cuStreamWaitValue32(c, word(&mine->staged[q]), 1, CU_STREAM_WAIT_VALUE_GEQ));
+    const uint64_t at = s.gathered + static_cast<uint64_t>(s.rows.start[q] * s.row_bytes);
+    const int64_t rows = s.rows.rows_of(q);
+    for (int64_t first = 0, chunk = 0; first < rows; first += s.chunk_rows, ++chunk) {
+      const uint64_t offset = static_cast<uint64_t>(first * s.row_bytes);
+      const size_t bytes = static_cast<size_t>(std::min(s.chunk_rows, rows - first) * s.row_bytes);
+      IL_CUDA_CHECK(cudaMemcpyAsync(heap.base(me) + at + offset, heap.base(q) + at + offset, bytes,
+                                    cudaMemcpyDeviceToDevice, stream));
+      IL_CU_CHECK(cu.cuStreamWriteValue32(c, word(&mine->arrived[q][chunk]), 1, CU_STREAM_WRITE_VALUE_DEFAULT));
+    }
+  }
+}
+
 bool same_dtype(const TensorView& a, const TensorView& b) {
   return a.dtype.code == b.dtype.code && a.dtype.bits == b.dtype.bits && a.dtype.lanes == b.dtype.lanes;
 }
@@ -143,6 +173,7 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
   Launch l;
   int tile_n = 0;
   bool copy_out = false;
+  AgGemmTransfer transfer = AgGemmTransfer::kAuto;
   const uint64_t signature = call.agree([&] {
     // Everything that can fail is checked here, before any GPU work, so that every rank raises.
     IL_CHECK(topo.num_nodes == 1, "ag_gemm: the group spans ", topo.num_nodes,
@@ -182,10 +213,11 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
              "ag_gemm: tile_n must be 0 (automatic), 128 or 256, got ", tuning.tile_n);
     IL_CHECK(!tuning.pingpong || tuning.tile_n == 0 || tuning.tile_n == 128,
              "ag_gemm: ping-pong tiles are 128 wide; tile_n=", tuning.tile_n, " needs pingpong=False");
-    IL_CHECK(tuning.band_m >= 0, "ag_gemm: band_m must be >= 0 (0: automatic)");
     IL_CHECK(tuning.chunk_rows >= 0, "ag_gemm: chunk_rows must be >= 0 (0: automatic), got ", tuning.chunk_rows);
-    IL_CHECK(tuning.copy_ctas == -1 || (tuning.copy_ctas >= 0 && tuning.copy_ctas % kClusterM == 0), "ag_gemm: copy_ctas must be -1, 0 "
-             "(automatic) or a positive multiple of ", kClusterM, ", got ", tuning.copy_ctas);
+    IL_CHECK(tuning.transfer >= AgGemmTransfer::kAuto && tuning.transfer <= AgGemmTransfer::kCopyCtas,
+             "ag_gemm: unknown transfer ", static_cast<int>(tuning.transfer));
+    IL_CHECK(tuning.copy_ctas == 0 || tuning.transfer == AgGemmTransfer::kCopyCtas,
+             "ag_gemm: copy_ctas is for transfer='ctas' (CTAs set aside to push)");
     AgGemmShared& s = l.shared;
     s.rows = make_ag_gemm_rows(rows, topo.local_rank, 128);
 
@@ -215,15 +247,20 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
     tile_n = tuning.pingpong ? 128
              : tuning.tile_n ? tuning.tile_n
                              : choose_tile_n(m, l.problem.n, group.num_sms(), kClusterM);
-    const int band_m = tuning.band_m ? tuning.band_m : tile_n == 256 ? 16 : 8;
+    const AgGemmRows cluster_rows = make_ag_gemm_rows(rows, topo.local_rank, 128 * kClusterM);
+    const int band_m = ag_gemm_band_m(cluster_rows, tile_n == 256 ? 16 : 8, tuning.band_m);
     const TileGrid grid = tile_grid(m, l.problem.n, 128 * kClusterM, tile_n);
     with_variant(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
                  [&](auto v) { l.ctas = resident_ctas<decltype(v)>(group.device(), group.num_sms()); });
     IL_CHECK(l.ctas >= kClusterM, "ag_gemm: no cluster of the kernel fits on the GPU");
-    s.copy_ctas = ag_gemm_copy_ctas(s.rows, row_bytes, l.ctas, kClusterM, tuning.copy_ctas);
-    s.chunk_rows = ag_gemm_chunk_rows(s.rows, row_bytes, s.copy_ctas ? s.copy_ctas : l.ctas, tuning.chunk_rows);
+    transfer = ag_gemm_transfer(tuning.transfer);
+    s.copy_engine = transfer == AgGemmTransfer::kCopyEngine;
+    s.copy_ctas = transfer == AgGemmTransfer::kCopyCtas ? ag_gemm_copy_ctas(l.ctas, kClusterM, tuning.copy_ctas) : 0;
+    s.chunk_rows = ag_gemm_chunk_rows(s.rows, row_bytes, transfer, s.copy_ctas ? s.copy_ctas : l.ctas,
+                                      tuning.chunk_rows);
+    if (s.copy_engine) driver();  // stream memory operations: raises here, before any GPU work, without a driver
     l.num_tiles = l.problem.k == 0 ? 0 : grid.num_tiles();
-    l.order = AgGemmOrder::make(make_ag_gemm_rows(rows, topo.local_rank, 128 * kClusterM), grid.tiles_n, band_m);
+    l.order = AgGemmOrder::make(cluster_rows, grid.tiles_n, band_m);
     for (int q = 0; q < topo.local_size(); ++q) s.transport.heaps[q] = heap.base(q);
     s.transport.local_rank = topo.local_rank;
     s.transport.local_size = topo.local_size();
@@ -246,7 +283,7 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
     return concat("ag_gemm(m=", m, ", k=", k, ", n=", l.problem.n, ", shards=[", shards, "], dtype=",
                   a_shard.dtype_name(), ", b=", l.problem.b_k_major ? "k-major" : "n-major", ", landing=", landing,
                   ", gathered=", gathered ? (copy_out ? "ordinary" : "symmetric") : "none", ", chunk_rows=",
-                  s.chunk_rows, ", copy_ctas=", s.copy_ctas, ", tile_n=", tile_n, ", band_m=", band_m, ", pingpong=", tuning.pingpong, ")");
+                  s.chunk_rows, ", transfer=", static_cast<int>(transfer), ", copy_ctas=", s.copy_ctas, ", tile_n=", tile_n, ", band_m=", band_m, ", pingpong=", tuning.pingpong, ")");
   });
   l.shared.signature = signature;
   call.launch([&](cudaStream_t s) {
@@ -254,8 +291,22 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
     if (l.problem.k == 0 && l.problem.m > 0 && l.problem.n > 0) {
       IL_CUDA_CHECK(cudaMemset2DAsync(l.out, l.problem.ldc * 2, 0, l.problem.n * 2, l.problem.m, s));
     }
+    const Group::SideStream* side = l.shared.copy_engine ? &group.side_stream(s) : nullptr;
+    if (side) {
+      // The flags start at zero (the side stream's writes hold fixed values); the previous op of
+      // the group is done with them. The side stream forks here, before the kernel it feeds.
+      IL_CUDA_CHECK(cudaMemsetAsync(op_flags<AgGemmFlags, OpId::kAgGemm>(heap.pad(topo.local_rank)), 0,
+                                    sizeof(AgGemmFlags), s));
+      IL_CUDA_CHECK(cudaEventRecord(side->fork, s));
+    }
     with_variant(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
                  [&](auto v) { launch<decltype(v)>(l, s); });
+    if (side) {
+      IL_CUDA_CHECK(cudaStreamWaitEvent(side->stream, side->fork, 0));
+      queue_transfers(heap, l.shared, side->stream);
+      IL_CUDA_CHECK(cudaEventRecord(side->join, side->stream));
+      IL_CUDA_CHECK(cudaStreamWaitEvent(s, side->join, 0));
+    }
     if (copy_out) {
       IL_CUDA_CHECK(cudaMemcpyAsync(gathered->data, l.gathered, gathered->nbytes(), cudaMemcpyDeviceToDevice, s));
     }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "interlace/base/tensor.h"
+#include "interlace/ops/ag_gemm/plan.h"
 #include "interlace/runtime/group.h"
 
 namespace interlace {
@@ -16,9 +17,8 @@ struct AgGemmTuning {
   int band_m = 0;          // cluster-tile rows per band of the tile order within a shard (L2 reuse)
   int tile_n = 0;          // cooperative only: output tile width, 128 or 256 (0: choose_tile_n)
   bool pingpong = true;    // consumer warpgroups on alternate 128 x 128 tiles (as gemm); false: cooperative
-  // CTAs (SMs) set aside to push the shard, a multiple of 2 (the cluster); the others compute. -1:
-  // none, the GEMM CTAs' idle producer warps push instead.
-  int copy_ctas = 0;
+  AgGemmTransfer transfer = AgGemmTransfer::kAuto;  // how the shards travel
+  int copy_ctas = 0;       // with kCopyCtas: CTAs (SMs) set aside to push, a multiple of 2 (the cluster)
 };
 
 // out[M, N] = A[M, K] @ b, where A is every rank's a_shard ([M_r, K], row-major) stacked in rank

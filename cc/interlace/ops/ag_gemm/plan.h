@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "interlace/base/host_device.h"
@@ -46,16 +47,38 @@ struct AgGemmOrder : SlotOrder {
   static Params make(const AgGemmRows& rows, int32_t tiles_n, int32_t band_m);
 };
 
-// Rows per chunk: chunks of about 256 KiB, at least two per CTA of `ctas` where shards are small
-// (so that every CTA's helpers push), at most kAgGemmMaxChunks per shard. `requested` > 0 overrides
-// (no more than the largest shard).
-int64_t ag_gemm_chunk_rows(const AgGemmRows& rows, int64_t row_bytes, int ctas, int64_t requested);
+// Tile rows per band of the order (AgGemmOrder), for `rows` in the order's tile height. A band's
+// first tile column needs all of its rows, so a band spanning a whole shard would wait for that
+// shard's last chunk: at most half the largest shard (at least 2), and `preferred` (what keeps the
+// bands' B in L2) where shards are tall. `requested` > 0 overrides. Measured on 2 x H200: M = 4096
+// (8 tile rows per shard) went from 0.50 to 0.44 ms with 4 instead of 8; taller shards keep 8.
+int32_t ag_gemm_band_m(const AgGemmRows& rows, int32_t preferred, int32_t requested);
 
-// CTAs set aside to push this rank's shard (AgGemmTuning::copy_ctas), a multiple of `cluster` that
-// leaves at least one cluster of the `ctas` to compute. Automatic (requested 0): kAgGemmCopyCtas
-// when there are peers and rows, else none; -1: none (the GEMM CTAs' idle warps push).
+// How the shards travel to the GPUs that need them.
+enum class AgGemmTransfer : int32_t {
+  kAuto = 0,        // ag_gemm_transfer decides
+  kCopyEngine = 1,  // each rank's copy engines pull the peers' shards: the GEMM keeps every SM
+  kCopyCtas = 2,    // CTAs set aside from the GEMM push (ag_gemm_copy_ctas of them)
+};
+
+// The transfer for these shards: the copy engines unless another is requested.
+AgGemmTransfer ag_gemm_transfer(AgGemmTransfer requested);
+// The transfer named by the Python API's transfer= ("auto", "copy_engine", "ctas").
+AgGemmTransfer ag_gemm_transfer_named(const std::string& name);
+
+// Rows per chunk (one flag each; at most kAgGemmMaxChunks per shard). For the copy engines, chunks of
+// about 4 MiB and at most kAgGemmCopyEngineChunks per shard (each is a copy and a flag write queued
+// on the host); for SM pushes, about 256 KiB, at least two per pushing CTA of `ctas` where shards
+// are small, so that every CTA pushes. `requested` > 0 overrides (no more than the largest shard).
+constexpr int64_t kAgGemmCopyEngineChunks = 32;
+int64_t ag_gemm_chunk_rows(const AgGemmRows& rows, int64_t row_bytes, AgGemmTransfer transfer, int ctas,
+                           int64_t requested);
+
+// With AgGemmTransfer::kCopyCtas: the CTAs set aside to push, a multiple of `cluster` that leaves
+// at least one cluster of the `ctas` to compute; requested 0 means kAgGemmCopyCtas (or fewer on a
+// small GPU).
 constexpr int kAgGemmCopyCtas = 8;
-int ag_gemm_copy_ctas(const AgGemmRows& rows, int64_t row_bytes, int ctas, int cluster, int requested);
+int ag_gemm_copy_ctas(int ctas, int cluster, int requested);
 
 // The tile rows in visiting order: slot by slot (this rank's shard, then peers' as they arrive),
 // ascending within a slot. Host reference; the kernel walks the same order in closed form.
