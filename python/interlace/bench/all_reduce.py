@@ -105,7 +105,7 @@ def measure(group, symm, size, rank, world, tunings, skipped):
         if "torch_one_shot" in baselines:
             baselines["torch_one_shot_graph"] = lambda: rc.graph_of(symm.one_shot(inp, torch.empty_like(inp)))
     for label, make in baselines.items():
-        fn, reason = rc.agreed(make, label)
+        fn, reason = common.agreed(make, label)
         if fn is None:
             skipped[label] = f"at {size} bytes: {reason}"
             continue

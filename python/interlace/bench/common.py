@@ -117,6 +117,52 @@ def write_results(out_dir: str, name: str, payload: dict, plot) -> str:
     return path
 
 
+def all_ranks(ok: bool) -> bool:
+    """Whether ok holds on every rank (collective)."""
+    flag = torch.tensor([0 if ok else 1], device="cuda", dtype=torch.int32)
+    dist.all_reduce(flag)
+    return flag.item() == 0
+
+
+def agreed(make, what):
+    """(make(), None), or (None, why) on every rank if make() failed on any: a method that fails on
+    one rank is dropped on all, so that no rank waits alone in a collective. make() returns a
+    zero-argument call, already run once. Failures are recorded, never raised."""
+    fn, why = None, None
+    try:
+        fn = make()
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 (any failure of a method's setup is recorded)
+        why = f"{what}: {type(e).__name__}: {e}".strip()[:500]
+    if not all_ranks(why is None):
+        return None, why or f"{what}: failed on another rank"
+    return fn, None
+
+
+def graph_of(fn, calls):
+    """fn's call `calls` times captured into one CUDA graph on a side stream, after one call outside
+    capture (interlace's cross-rank checks and scratch); returns a call that replays it."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(calls):
+            fn()
+    torch.cuda.synchronize()
+
+    def replay():
+        graph.replay()
+
+    # The graph reads and writes the buffers fn holds: they must live as long as the replay does
+    # (returning graph.replay alone let a baseline's symmetric buffer be freed under its graph).
+    replay.captured = fn
+    return replay
+
+
 class SymmMemBaseline:
     """A baseline built on torch's symmetric memory (torch.ops.symm_mem) over the default process
     group. Setup failures are recorded in `reason`, never raised: a baseline that does not run

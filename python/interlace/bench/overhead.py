@@ -86,45 +86,6 @@ def format_table(rows, ops=OPS, paths=PATHS) -> str:
     return "\n".join(lines)
 
 
-def all_ranks(ok: bool) -> bool:
-    """Whether ok holds on every rank (collective)."""
-    flag = torch.tensor([0 if ok else 1], device="cuda", dtype=torch.int32)
-    dist.all_reduce(flag)
-    return flag.item() == 0
-
-
-def agreed(make, what):
-    """(make(), None), or (None, why) on every rank if make() failed on any: a path that fails on one
-    rank is skipped on all, so that no rank waits alone in a collective. Failures are recorded, not
-    raised."""
-    fn, why = None, None
-    try:
-        fn = make()
-        torch.cuda.synchronize()
-    except Exception as e:  # noqa: BLE001 (any failure of a path's setup is recorded)
-        why = f"{what}: {type(e).__name__}: {e}".strip()[:500]
-    if not all_ranks(why is None):
-        return None, why or f"{what}: failed on another rank"
-    return fn, None
-
-
-def graph_of(fn, calls):
-    """fn's call `calls` times captured into one CUDA graph on a side stream (after one call outside
-    capture: interlace's cross-rank checks and scratch); returns its replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(calls):
-            fn()
-    torch.cuda.synchronize()
-    return graph.replay
-
-
 def torch_methods(group, world):
     """{(op, path): make} for torch tensors; make() returns a zero-argument call, already run once."""
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
@@ -163,8 +124,8 @@ def torch_methods(group, world):
     makes = {key: (lambda fn=fn: (fn(), fn)[1]) for key, fn in calls.items()}
     graphed = dict(api, matmul=calls[("matmul", "torch_out")])
     for op, fn in graphed.items():
-        makes[(op, "graph_1")] = lambda fn=fn: graph_of(fn, 1)
-        makes[(op, "graph_16")] = lambda fn=fn: graph_of(fn, 16)
+        makes[(op, "graph_1")] = lambda fn=fn: common.graph_of(fn, 1)
+        makes[(op, "graph_16")] = lambda fn=fn: common.graph_of(fn, 16)
     return makes
 
 
@@ -249,7 +210,7 @@ def main(_):
 
     def run(methods, finish):
         for key, make in methods.items():
-            fn, reason = agreed(make, f"{key[0]} via {key[1]}")
+            fn, reason = common.agreed(make, f"{key[0]} via {key[1]}")
             if fn is None:
                 skipped[f"{key[0]}/{key[1]}"] = reason
                 continue
@@ -265,7 +226,7 @@ def main(_):
             why = None
         except Exception as e:  # noqa: BLE001 (a framework missing or broken: skip its path, say why)
             methods, stream, why = {}, None, f"{type(e).__name__}: {e}"[:300]
-        if not all_ranks(why is None):
+        if not common.all_ranks(why is None):
             skipped[name] = why or "failed on another rank"
             continue
         if stream is None:

@@ -2,7 +2,6 @@
 reference (fp32 sum in rank order, rounded once: what interlace promises bit for bit), baselines
 that may fail without stopping the run, per-call times from CUDA graphs, and the report."""
 import torch
-import torch.distributed as dist
 from absl import flags
 
 from interlace.bench import common
@@ -43,46 +42,13 @@ def expect_exact(out, want, what, rank):
                          f"element {i}: got {out.reshape(-1)[i].item()!r}, expected {want.reshape(-1)[i].item()!r}")
 
 
-def all_ranks(ok: bool) -> bool:
-    """Whether ok holds on every rank (collective)."""
-    flag = torch.tensor([0 if ok else 1], device="cuda", dtype=torch.int32)
-    dist.all_reduce(flag)
-    return flag.item() == 0
-
-
-def agreed(make, what):
-    """make() -> a zero-argument callable (a baseline's call, already run once), or (None, reason). A
-    baseline that fails on one rank is dropped on all, so that no rank waits in it alone; failures are
-    recorded, never raised."""
-    fn, reason = None, None
-    try:
-        fn = make()
-        torch.cuda.synchronize()
-    except Exception as e:  # noqa: BLE001 (any failure of a baseline is recorded)
-        reason = f"{what}: {type(e).__name__}: {e}".strip()[:500]
-    if not all_ranks(reason is None):
-        return None, reason or f"{what}: failed on another rank"
-    return fn, None
-
-
 CALLS_PER_GRAPH = 16
 
 
 def graph_of(fn):
     """fn's call CALLS_PER_GRAPH times in one CUDA graph; time its replay and divide by
     CALLS_PER_GRAPH for the per-call GPU time without the host's share."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # a first call outside capture (interlace: cross-rank checks and scratch)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(CALLS_PER_GRAPH):
-            fn()
-    torch.cuda.synchronize()
-    return graph.replay
+    return common.graph_of(fn, CALLS_PER_GRAPH)
 
 
 def time_methods(methods, graphed, warmup, iters):

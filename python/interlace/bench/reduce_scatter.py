@@ -65,7 +65,7 @@ def measure(group, size, rank, world, tunings):
     methods["nccl"] = lambda: dist.reduce_scatter_tensor(nccl_out, inp)
     graphed = set()
     if size <= GRAPH_MAX_BYTES:
-        fn, reason = rc.agreed(lambda: rc.graph_of(methods["interlace"]), "interlace_graph")
+        fn, reason = common.agreed(lambda: rc.graph_of(methods["interlace"]), "interlace_graph")
         if fn is None:
             raise SystemExit(f"rank {rank}: {reason}")
         methods["interlace_graph"] = fn
