@@ -59,16 +59,8 @@ __device__ __forceinline__ AgGemmFlags& flags(const device::NvlinkTransport& t) 
   return *op_flags<AgGemmFlags, OpId::kAgGemm>(t.my_pad());
 }
 
-// This call's op number. Valid between op_begin and op_end (the counter moves only when the last
-// CTA of the op is done).
-__device__ __forceinline__ uint64_t op_number(const device::NvlinkTransport& t) {
-  return *reinterpret_cast<const volatile uint64_t*>(&t.my_pad()->ops.completed) + 1;
-}
-
-// What a chunk flag of this call is raised to (AgGemmFlags::arrived).
-__device__ __forceinline__ uint64_t arrived_value(const AgGemmShared& p) {
-  return p.copy_engine ? 1 : op_number(p.transport);
-}
+// What a chunk flag is raised to (AgGemmFlags says why a constant).
+constexpr uint64_t kArrived = 1;
 
 // Copy engines: lets the side stream past every wait of this call (a call that stops early).
 __device__ __forceinline__ void release_side_stream(const AgGemmShared& p) {
@@ -115,7 +107,6 @@ __device__ __forceinline__ void copy_vectors(char* dst, const char* src, uint64_
 template <int kUnroll>
 __device__ __forceinline__ void push(const AgGemmShared& p, int worker, int workers, int thread, int threads) {
   const device::NvlinkTransport& t = p.transport;
-  const uint64_t number = op_number(t);
   const int me = t.local_rank;
   const int64_t chunks = chunks_of(p, me);
   const int64_t my_rows = p.rows.start[me + 1] - p.rows.start[me];
@@ -129,7 +120,7 @@ __device__ __forceinline__ void push(const AgGemmShared& p, int worker, int work
       copy_vectors<kUnroll>(t.heaps[q] + at, p.shard + first * p.row_bytes, static_cast<uint64_t>(rows * p.row_bytes),
                             thread, threads);
       cutlass::arch::NamedBarrier::sync(threads, 0);  // the chunk's stores are all issued
-      if (thread == 0) t.signal(q, &f.arrived[me][c], number);
+      if (thread == 0) t.signal(q, &f.arrived[me][c], kArrived);
     }
   }
 }
@@ -138,13 +129,12 @@ __device__ __forceinline__ void push(const AgGemmShared& p, int worker, int work
 // when the kernel ends, even where no tile needed them (N = 0).
 __device__ __forceinline__ void settle(const AgGemmShared& p, int worker, int workers, int thread, int threads) {
   const device::NvlinkTransport& t = p.transport;
-  const uint64_t value = arrived_value(p);
   AgGemmFlags& f = flags(t);
   int i = 0;
   for (int q = 0; q < t.local_size; ++q) {
     if (q == t.local_rank) continue;
     for (int64_t c = worker; c < chunks_of(p, q); c += workers, ++i) {
-      if (i % threads == thread) t.wait(&f.arrived[q][c], value, p.wait, FlagId::kChunk, q);
+      if (i % threads == thread) t.wait(&f.arrived[q][c], kArrived, p.wait, FlagId::kChunk, q);
     }
   }
 }
@@ -171,7 +161,7 @@ __device__ __forceinline__ void stage(const AgGemmShared& p, int thread, int thr
   const uint64_t warps = static_cast<uint64_t>(gridDim.x) * (threads / 32);
   if (t.wait(&f.own_staged, warps, p.wait, FlagId::kChunk, me) == 0) return;  // end() releases the side stream
   __threadfence_system();  // what the other warps staged (acquired above) before the flags below
-  for (int64_t c = 0; c < chunks_of(p, me); ++c) device::store_release_gpu(&f.arrived[me][c], 1);
+  for (int64_t c = 0; c < chunks_of(p, me); ++c) device::store_release_gpu(&f.arrived[me][c], kArrived);
   for (int q = 0; q < t.local_size; ++q) {
     if (q != me) t.signal(q, &f.staged[me], 1);
   }
@@ -187,7 +177,7 @@ __device__ __forceinline__ void finish_pulls(const AgGemmShared& p) {
   for (int q = 0; q < t.local_size; ++q) {
     if (q == me) continue;
     for (int64_t c = 0; c < chunks_of(p, q); ++c) {
-      if (t.wait(&f.arrived[q][c], 1, p.wait, FlagId::kChunk, q) == 0) return;
+      if (t.wait(&f.arrived[q][c], kArrived, p.wait, FlagId::kChunk, q) == 0) return;
     }
     t.signal(q, &f.pulled[me], 1);
   }
@@ -257,7 +247,6 @@ struct AgGemmInputWait {
     if (lo >= hi) return false;
     if (p.own_in_place && lo >= p.rows.start[me] && hi <= p.rows.start[me + 1]) return true;
     int32_t* verified = verified_chunks();
-    const uint64_t value = arrived_value(p);
     AgGemmFlags& f = flags(t);
     bool fresh = false;
     for (int q = p.rows.owner_of_row(lo); q <= p.rows.owner_of_row(hi - 1); ++q) {
@@ -266,7 +255,7 @@ struct AgGemmInputWait {
       const int32_t need = static_cast<int32_t>((last + p.chunk_rows - 1) / p.chunk_rows);  // chunks 0 .. need - 1
       const int32_t from = verified[q];
       if (need <= from) continue;
-      for (int32_t c = from + lane; c < need; c += 32) t.wait(&f.arrived[q][c], value, p.wait, FlagId::kChunk, q);
+      for (int32_t c = from + lane; c < need; c += 32) t.wait(&f.arrived[q][c], kArrived, p.wait, FlagId::kChunk, q);
       fresh = true;
       __syncwarp();
       if (lane == 0) verified[q] = need;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <string>
 #include <numeric>
 #include <type_traits>
@@ -291,14 +292,13 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
     if (l.problem.k == 0 && l.problem.m > 0 && l.problem.n > 0) {
       IL_CUDA_CHECK(cudaMemset2DAsync(l.out, l.problem.ldc * 2, 0, l.problem.n * 2, l.problem.m, s));
     }
+    // The flags start at zero (AgGemmFlags): the header and the ranks' rows of arrived.
+    AgGemmFlags* flags = op_flags<AgGemmFlags, OpId::kAgGemm>(heap.pad(topo.local_rank));
+    const size_t flag_bytes = offsetof(AgGemmFlags, arrived) + topo.local_size() * sizeof(flags->arrived[0]);
+    IL_CUDA_CHECK(cudaMemsetAsync(flags, 0, flag_bytes, s));
+    // The side stream forks here, after the flags are zeroed and before the kernel it feeds.
     const Group::SideStream* side = l.shared.copy_engine ? &group.side_stream(s) : nullptr;
-    if (side) {
-      // The flags start at zero (the side stream's writes hold fixed values); the previous op of
-      // the group is done with them. The side stream forks here, before the kernel it feeds.
-      IL_CUDA_CHECK(cudaMemsetAsync(op_flags<AgGemmFlags, OpId::kAgGemm>(heap.pad(topo.local_rank)), 0,
-                                    sizeof(AgGemmFlags), s));
-      IL_CUDA_CHECK(cudaEventRecord(side->fork, s));
-    }
+    if (side) IL_CUDA_CHECK(cudaEventRecord(side->fork, s));
     with_variant(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
                  [&](auto v) { launch<decltype(v)>(l, s); });
     if (side) {
