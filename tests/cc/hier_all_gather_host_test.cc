@@ -1,0 +1,194 @@
+// The hierarchical all_gather protocol (ops/all_gather/hierarchy.h) run end to end on CPU threads
+// over host memory, with the pieces the kernel will use: each rank is a thread with a heap that
+// starts with a SignalPad; NVLink puts are memcpy into the peer's heap then an atomic add on its
+// flag; network chunks go through that rank's ProxyTransport, FIFO and CrossNodeProxy (the memory
+// backend, shuffled, as SRD delivers). Checks that the plan's flags and offsets fit together:
+// every rank ends with every shard, over two launches (flags only grow).
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "interlace/device/proxy_transport.h"
+#include "interlace/ops/all_gather/hierarchy.h"
+#include "interlace/transport/cross_node_proxy.h"
+
+namespace interlace {
+namespace {
+
+using device::ProxySend;
+using device::ProxyTransport;
+using Clock = std::chrono::steady_clock;
+constexpr uint64_t kSecond = 1000000000ull;
+constexpr uint64_t kLanding = (sizeof(SignalPad) + 255) / 256 * 256;  // landing slots after the pad
+
+struct HostWait {
+  uint64_t timeout_ns;
+};
+
+class Barrier {
+ public:
+  explicit Barrier(int n) : n_(n) {}
+  void wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const int round = round_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++round_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return round_ != round; });
+    }
+  }
+
+ private:
+  const int n_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int arrived_ = 0, round_ = 0;
+};
+
+uint64_t* at(char* heap, uint64_t offset) { return reinterpret_cast<uint64_t*>(heap + offset); }
+char pattern(int launch, int s, uint64_t i) { return static_cast<char>((launch * 7 + s * 13 + i) % 251 + 1); }
+
+struct Rank {
+  std::vector<ProxyRequest> slots;
+  uint64_t claimed = 0, consumed = 0;
+  std::unique_ptr<CrossNodeProxy> proxy;
+};
+
+// One launch of rank r, as the kernel will do it. False if a wait failed.
+bool run_rank(const NodeLayout& l, const HierAllGatherPlan& plan, std::vector<char*>& heaps, Rank& me, int r,
+              const std::vector<char>& inp, uint64_t heap_bytes) {
+  const AgRankWork work = all_gather_rank_work(l, r);
+  char* heap = heaps[r];
+  ProxyTransport t{};
+  t.fifo = ProxyFifo{me.slots.data(), &me.claimed, &me.consumed, static_cast<uint32_t>(me.slots.size())};
+  t.heap = heap;
+  t.heap_bytes = heap_bytes;
+  t.timeout_ns = 20 * kSecond;
+  HierAllGatherFlags* flags = reinterpret_cast<HierAllGatherFlags*>(heap + hier_landed_offset(0) -
+                                                                    offsetof(HierAllGatherFlags, landed));
+  const uint64_t bytes = plan.bytes_per_rank;
+  auto chunk = [&](int c, uint64_t* lo, uint64_t* n) {
+    *lo = std::min<uint64_t>(c * plan.chunk_bytes, bytes);
+    *n = std::min<uint64_t>(*lo + plan.chunk_bytes, bytes) - *lo;
+  };
+  auto nvlink_put = [&](int q, int s, int c) {  // chunk c of s's slot from here into q's, then landed[s] there
+    uint64_t lo, n;
+    chunk(c, &lo, &n);
+    const uint64_t off = kLanding + s * bytes + lo;
+    std::memcpy(heaps[q] + off, heap + off, n);
+    __atomic_fetch_add(at(heaps[q], hier_landed_offset(s)), 1, __ATOMIC_RELEASE);
+  };
+  // 1. Own shard: into the own landing slot, then over NVLink and the network, chunk by chunk.
+  for (int c = 0; c < plan.chunks; ++c) {
+    uint64_t lo, n;
+    chunk(c, &lo, &n);
+    const uint64_t off = kLanding + r * bytes + lo;
+    std::memcpy(heap + off, inp.data() + lo, n);
+    for (int q : work.nvlink_peers) nvlink_put(q, r, c);
+    for (int q : work.network_peers) {
+      uint64_t* arrived = at(heap, hier_arrived_offset(relay_slot(l, r, l.node_of[q]), c));
+      if (t.put_signal(q, off, heap + off, n, arrived, 1) != ProxySend::kPosted) return false;
+    }
+  }
+  // 2. Relays: take each chunk of each relayed shard as it arrives, in whatever order.
+  std::vector<std::pair<int, int>> pending;
+  for (int j = 0; j < static_cast<int>(work.relayed.size()); ++j) {
+    for (int c = 0; c < plan.chunks; ++c) pending.emplace_back(j, c);
+  }
+  const auto start = Clock::now();
+  while (!pending.empty()) {
+    if (Clock::now() - start > std::chrono::seconds(20)) return false;
+    for (size_t i = 0; i < pending.size();) {
+      const auto [j, c] = pending[i];
+      const uint64_t seen = __atomic_load_n(&flags->arrived[j][c], __ATOMIC_ACQUIRE);
+      if (seen <= flags->consumed[j][c]) {
+        ++i;
+        continue;
+      }
+      flags->consumed[j][c] = seen;
+      const int s = work.relayed[j];
+      __atomic_fetch_add(&flags->landed[s], 1, __ATOMIC_RELEASE);
+      for (int q : work.nvlink_peers) nvlink_put(q, s, c);
+      pending[i] = pending.back();
+      pending.pop_back();
+    }
+  }
+  // 3. The final waits, the same for every shard whatever its path.
+  for (int s : work.waits_for) {
+    if (t.wait(&flags->landed[s], flags->base + plan.chunks, HostWait{20 * kSecond}, FlagId::kDone, s) == 0) return false;
+  }
+  flags->base += plan.chunks;
+  return true;
+}
+
+void run_group(const std::vector<std::string>& names, uint64_t bytes, uint64_t chunk_bytes) {
+  const NodeLayout l = make_node_layout(names);
+  const int w = l.world_size();
+  const HierAllGatherPlan plan = plan_hier_all_gather(l, bytes, chunk_bytes);
+  const uint64_t heap_bytes = kLanding + w * bytes;
+  std::vector<std::vector<char>> memory(w, std::vector<char>(heap_bytes, 0));
+  std::vector<char*> heaps;
+  for (auto& m : memory) heaps.push_back(m.data());
+  std::vector<Rank> ranks(w);
+  std::atomic<int> failures{0};
+  for (int r = 0; r < w; ++r) {
+    ranks[r].slots.resize(8);
+    CrossNodeOptions o;
+    o.backend = CrossNodeBackend::kMemory;
+    o.queue = ProxyQueue{ranks[r].slots.data(), &ranks[r].consumed, 8};
+    o.heaps = heaps;
+    o.heap_bytes = heap_bytes;
+    o.memory_order = MemoryBackend::Order::kShuffled;
+    o.memory_max_in_flight = 4;
+    o.on_failure = [&](const std::string& why) {
+      ADD_FAILURE() << why;
+      ++failures;
+    };
+    ranks[r].proxy = std::make_unique<CrossNodeProxy>(make_topology(r, names), o);
+  }
+  Barrier barrier(w);
+  for (int launch = 0; launch < 2; ++launch) {
+    std::vector<std::vector<char>> inp(w, std::vector<char>(bytes));
+    for (int s = 0; s < w; ++s) {
+      for (uint64_t i = 0; i < bytes; ++i) inp[s][i] = pattern(launch, s, i);
+    }
+    std::vector<std::thread> threads;
+    std::vector<int> ok(w, 0);
+    for (int r = 0; r < w; ++r) {
+      threads.emplace_back([&, r] {
+        ok[r] = run_rank(l, plan, heaps, ranks[r], r, inp[r], heap_bytes);
+        barrier.wait();  // the op handshake's part: nobody starts the next launch before all are done
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < w; ++r) {
+      ASSERT_TRUE(ok[r]) << "rank " << r << " stopped in launch " << launch;
+      for (int s = 0; s < w; ++s) {
+        ASSERT_EQ(std::memcmp(heaps[r] + kLanding + s * bytes, inp[s].data(), bytes), 0)
+            << "rank " << r << " lacks rank " << s << "'s shard after launch " << launch;
+      }
+    }
+  }
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST(HierAllGatherOnHostThreads, TwoNodesOfTwo) { run_group({"a", "a", "b", "b"}, 1000, 64); }
+
+TEST(HierAllGatherOnHostThreads, ThreeUnevenInterleavedNodes) {
+  run_group({"a", "b", "a", "c", "b", "a"}, 777, 32);
+}
+
+TEST(HierAllGatherOnHostThreads, TwoNodesOfThreeWithOneChunk) { run_group({"x", "y", "x", "y", "x", "y"}, 4096, 0); }
+
+}  // namespace
+}  // namespace interlace
