@@ -231,5 +231,34 @@ TEST(ProxyFifo, SlotsOfAnEarlierLapAreNotTakenForNewOnes) {
   EXPECT_EQ(landed(w, 1, 3, 16), 3u);
 }
 
+// A backend with traffic (here: progress() says so, as an SRD receiver does when flags arrive)
+// keeps the proxy polling without pause.
+TEST(Proxy, PollsWithoutPauseWhileTheBackendHasTraffic) {
+  struct Counting : ProxyBackend {
+    bool post(const ProxyWrite&) override { return true; }
+    bool progress() override {
+      calls.fetch_add(1);
+      return true;
+    }
+    std::string failure() const override { return ""; }
+    std::atomic<uint64_t> calls{0};
+  } backend;
+  World world(1, 1024, 4);
+  Proxy proxy(world.queue, backend, 1, [](const std::string&) {});
+  // Rounds per second over a span (measured, not assumed: a loaded machine oversleeps).
+  auto rate = [&](std::chrono::milliseconds span) {
+    const uint64_t before = backend.calls.load();
+    const auto start = Clock::now();
+    std::this_thread::sleep_for(span);
+    return (backend.calls.load() - before) / seconds_since(start);
+  };
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // past any spin the proxy allows itself
+  const double busy = rate(std::chrono::milliseconds(30));
+  // A round that pauses sleeps 50 us (more, with the timer's slack): at most 20000 rounds a second.
+  // Before progress() counted as traffic, a backend that only received got about 7500 (it spun
+  // 1000 rounds after its last request, then slept).
+  EXPECT_GT(busy, 40000) << "rounds per second with traffic";
+}
+
 }  // namespace
 }  // namespace interlace

@@ -87,7 +87,8 @@ bool LoopbackBackend::post(const ProxyWrite& w) {
   return true;
 }
 
-void LoopbackBackend::progress() {
+bool LoopbackBackend::progress() {
+  const bool out = !in_flight_.empty();
   // Writes may land in any order: look at every one, keep those still out.
   size_t kept = 0;
   for (size_t i = 0; i < in_flight_.size(); ++i) {
@@ -98,6 +99,7 @@ void LoopbackBackend::progress() {
     }
   }
   in_flight_.resize(kept);
+  return out;
 }
 
 std::string LoopbackBackend::failure() const {

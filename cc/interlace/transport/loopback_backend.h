@@ -78,7 +78,7 @@ class LoopbackBackend : public ProxyBackend {
   // a rank outside `heaps`, or ranges outside the heap, is taken and dropped with failure() set:
   // the group aborts on it, and a device fault is avoided.
   bool post(const ProxyWrite& w) override;
-  void progress() override;
+  bool progress() override;
   std::string failure() const override;
 
   size_t in_flight() const { return in_flight_.size(); }

@@ -21,8 +21,8 @@ bool MemoryBackend::post(const ProxyWrite& w) {
   return true;
 }
 
-void MemoryBackend::progress() {
-  if (held_) return;
+bool MemoryBackend::progress() {
+  if (held_) return !in_flight_.empty();
   std::vector<ProxyWrite> batch(in_flight_.begin(), in_flight_.end());
   in_flight_.clear();
   if (order_ == Order::kReversed) std::reverse(batch.begin(), batch.end());
@@ -42,6 +42,7 @@ void MemoryBackend::progress() {
     // The flag moves after the bytes: the receiver that sees the count sees the data.
     __atomic_fetch_add(reinterpret_cast<uint64_t*>(heaps_[w.peer] + w.flag_offset), w.add, __ATOMIC_RELEASE);
   }
+  return !batch.empty();
 }
 
 std::string MemoryBackend::failure() const {

@@ -24,7 +24,7 @@ class MemoryBackend : public ProxyBackend {
   MemoryBackend(int my_rank, std::vector<char*> heaps, size_t max_in_flight, Order order, uint64_t seed = 1);
 
   bool post(const ProxyWrite& w) override;
-  void progress() override;
+  bool progress() override;
   std::string failure() const override;
 
   // From now on writes to `rank` fail, as if its node went down (callable from any thread).

@@ -5,6 +5,12 @@
 #include "interlace/base/error.h"
 
 namespace interlace {
+namespace {
+
+// How long the proxy keeps polling without pause after its last traffic.
+constexpr auto kSpinAfterTraffic = std::chrono::milliseconds(1);
+
+}  // namespace
 using detail::concat;
 
 Proxy::Proxy(ProxyQueue queue, ProxyBackend& backend, int world_size,
@@ -50,19 +56,24 @@ bool Proxy::take_published() {
 }
 
 void Proxy::run() {
-  int idle = 0;
+  auto last_busy = std::chrono::steady_clock::now();
   while (!stop_.load(std::memory_order_relaxed)) {
-    const bool busy = take_published();
+    bool busy = take_published();
     if (!failed_) {
-      backend_.progress();
+      busy |= backend_.progress();
       const std::string why = backend_.failure();
       if (!why.empty()) fail(why);
     }
-    // Spin while there is traffic (latency matters); back off to short sleeps when there is none.
-    // A request the backend refused is traffic too: a sleep then would let a rate-limited
-    // backend's bucket (loopback_backend.h) fill and overflow, and the rate fall short.
-    idle = busy ? 0 : idle + 1;
-    if (idle > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    // Spin while there is traffic, sent or received (latency matters), and for kSpinAfterTraffic
+    // after it (an op's next request is rarely far behind); then back off to short sleeps. A
+    // request the backend refused is traffic too: a sleep then would let a rate-limited backend's
+    // bucket (loopback_backend.h) fill and overflow, and the rate fall short.
+    const auto now = std::chrono::steady_clock::now();
+    if (busy) {
+      last_busy = now;
+    } else if (now - last_busy > kSpinAfterTraffic) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
   }
 }
 

@@ -24,8 +24,10 @@ class ProxyBackend {
   // Starts carrying `w`. Returns false, taking nothing, when there is no room now (a full send
   // queue); the proxy then retries after progress(). That is how backpressure reaches the GPU.
   virtual bool post(const ProxyWrite& w) = 0;
-  // Moves writes in flight along: delivery, completions, room for more posts.
-  virtual void progress() = 0;
+  // Moves writes in flight along: delivery, completions, room for more posts, and (SRD) flags that
+  // arrived for this rank. Returns whether anything moved or writes are still out: the proxy keeps
+  // polling without pause while it does, so that a rank that only receives is not served late.
+  virtual bool progress() = 0;
   // Why the backend can carry no more writes (a dead peer, a device error); "" while healthy.
   virtual std::string failure() const = 0;
 };

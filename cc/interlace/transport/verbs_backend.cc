@@ -30,12 +30,13 @@ bool RcBackend::post(const ProxyWrite& w) {
   return true;
 }
 
-void RcBackend::progress() {
+bool RcBackend::progress() {
   VerbsCompletion done[kPollBatch];
   const int n = verbs_.poll(done, kPollBatch);
   for (int i = 0; i < n; ++i) {
     if (!done[i].ok && failure_.empty()) failure_ = failed_completion(my_rank_, done[i]);
   }
+  return n > 0;
 }
 
 SrdBackend::SrdBackend(int my_rank, Verbs& verbs, FlagSink sink, int receive_slots)
@@ -60,7 +61,7 @@ bool SrdBackend::post(const ProxyWrite& w) {
   return true;
 }
 
-void SrdBackend::progress() {
+bool SrdBackend::progress() {
   VerbsCompletion done[kPollBatch];
   const int n = verbs_.poll(done, kPollBatch);
   int received = 0;
@@ -77,6 +78,7 @@ void SrdBackend::progress() {
     }
   }
   if (received) verbs_.post_receives(received);  // each write with immediate used up a slot
+  return n > 0;
 }
 
 }  // namespace interlace

@@ -27,7 +27,7 @@ class RcBackend : public ProxyBackend {
  public:
   RcBackend(int my_rank, Verbs& verbs);
   bool post(const ProxyWrite& w) override;
-  void progress() override;
+  bool progress() override;
   std::string failure() const override { return failure_; }
 
  private:
@@ -50,7 +50,7 @@ class SrdBackend : public ProxyBackend {
 
   SrdBackend(int my_rank, Verbs& verbs, FlagSink sink, int receive_slots);
   bool post(const ProxyWrite& w) override;
-  void progress() override;
+  bool progress() override;
   std::string failure() const override { return failure_; }
 
   static uint32_t encode(uint64_t flag_offset, uint64_t add) {
