@@ -19,7 +19,7 @@ namespace interlace::device {
 enum OpStart : int { kRun = 0, kSkip = 1, kStop = 2 };
 
 // Called by all threads of every CTA, blockDim.x >= local_size. On kSkip call op_end and exit; on
-// kStop exit.
+// kStop exit (op_enter below does both, for kernels that need nothing else).
 template <class Transport>
 __device__ inline OpStart op_begin(const Transport& t, const WaitContext& ctx, uint64_t signature) {
   __shared__ int state;
@@ -83,6 +83,15 @@ __device__ inline void op_end(const Transport& t) {
       __threadfence();
     }
   }
+}
+
+// The start every op kernel makes, all threads of every CTA: op_begin, and for a call that every
+// rank skips (cancelled on one), its op_end at once. True when the op runs; false: exit.
+template <class Transport>
+__device__ inline bool op_enter(const Transport& t, const WaitContext& ctx, uint64_t signature) {
+  const OpStart start = op_begin(t, ctx, signature);
+  if (start == kSkip) op_end(t);
+  return start == kRun;
 }
 
 }  // namespace interlace::device

@@ -194,12 +194,9 @@ struct AgGemmPhases {
   __device__ static bool begin(const Params& p) {
     // Zeroed before op_begin, whose __syncthreads orders it before the producer reads it.
     for (int q = threadIdx.x; q < kMaxLocalRanks; q += blockDim.x) ag_gemm_detail::verified_chunks()[q] = 0;
-    const device::OpStart start = device::op_begin(p.transport, p.wait, p.signature);
-    if (p.copy_engine && start != device::kRun && blockIdx.x == 0 && threadIdx.x == 0) {
-      ag_gemm_detail::release_side_stream(p);
-    }
-    if (start == device::kSkip) device::op_end(p.transport);
-    return start == device::kRun;
+    const bool run = device::op_enter(p.transport, p.wait, p.signature);
+    if (p.copy_engine && !run && blockIdx.x == 0 && threadIdx.x == 0) ag_gemm_detail::release_side_stream(p);
+    return run;
   }
 
   // With the copy engines, the producer warpgroup's idle warps of every CTA stage this rank's

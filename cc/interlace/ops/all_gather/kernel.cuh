@@ -81,12 +81,7 @@ __global__ void __launch_bounds__(kAllGatherThreads, 3)
     all_gather_kernel(const __grid_constant__ AllGatherParams<Transport> p) {
   using namespace all_gather_detail;
   const Transport& t = p.transport;
-  const device::OpStart start = device::op_begin(t, p.wait, p.signature);
-  if (start == device::kStop) return;
-  if (start == device::kSkip) {
-    device::op_end(t);
-    return;
-  }
+  if (!device::op_enter(t, p.wait, p.signature)) return;
   AllGatherFlags& flags = *op_flags<AllGatherFlags, OpId::kAllGather>(t.my_pad());
   __shared__ uint64_t seq;
   __shared__ int failed;

@@ -257,12 +257,7 @@ __global__ void __launch_bounds__(kReduceThreads, kReduceMinBlocksPerSm)
     reduce_kernel(const __grid_constant__ ReduceParams<Transport> p) {
   using namespace reduce_detail;
   const Transport& t = p.transport;
-  const device::OpStart start = device::op_begin(t, p.wait, p.signature);
-  if (start == device::kStop) return;
-  if (start == device::kSkip) {
-    device::op_end(t);
-    return;
-  }
+  if (!device::op_enter(t, p.wait, p.signature)) return;
   ReduceFlags& flags = *op_flags<ReduceFlags, kOp>(t.my_pad());
   __shared__ uint64_t seq;
   __shared__ int failed;
