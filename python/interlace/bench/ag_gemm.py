@@ -116,9 +116,7 @@ class TorchFused(common.SymmMemBaseline):
 
 
 def main(_):
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
+    rank, world = common.init_rank()
     shapes = shapes_from_flags()
     for m, k, n, _ in shapes:
         if m % world or n % world or m <= 0 or k <= 0 or n <= 0:

@@ -6,7 +6,6 @@ For each size: check interlace against NCCL (bitwise), then time, on the same GP
   and the copy engine pulling each peer's shard (cudaMemcpy over NVLink with no synchronisation
   between ranks: a raw transfer, not a usable collective, shown as the hardware's reference).
 Bus bandwidth = (world - 1) * bytes_per_rank / time, as nccl-tests reports it."""
-import os
 
 import torch
 import torch.distributed as dist
@@ -28,9 +27,7 @@ DEFAULT_SIZES = ["64K", "256K", "1M", "4M", "16M", "64M", "256M", "1G"]
 
 
 def main(_):
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
+    rank, world = common.init_rank()
     sizes = [common.parse_bytes(s) for s in (FLAGS.sizes or DEFAULT_SIZES)]
     tunings = [tuple(int(x) for x in t.split(":")) for t in FLAGS.tunings]
     # Room for the largest size's symmetric input and out, and the receive buffer.

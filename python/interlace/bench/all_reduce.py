@@ -12,7 +12,6 @@ for bit against the fp32 sum in rank order (every algorithm), then time, on the 
 and up to 1 MiB, per-call latency under CUDA-graph replay: interlace_graph, torch_one_shot_graph.
 Bus bandwidth = 2 (world - 1) / world * bytes / time, as nccl-tests reports it. Rows hold bytes and us
 (and busbw_gbs) per method."""
-import os
 
 import torch
 import torch.distributed as dist
@@ -44,9 +43,7 @@ class TorchSymmMem(common.SymmMemBaseline):
 
 
 def main(_):
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
+    rank, world = common.init_rank()
     sizes = [common.parse_bytes(s) for s in (FLAGS.sizes or DEFAULT_SIZES)]
     tunings = [tuple(int(x) for x in t.split(":")) for t in FLAGS.tunings]
     # Room for the symmetric out and the largest scratch (one-shot forced: world - 1 inputs).

@@ -9,6 +9,16 @@ import torch
 import torch.distributed as dist
 
 
+def init_rank():
+    """(rank, world size) of this benchmark process, from the launcher's environment
+    (launch.run_ranks), with its GPU made current and torch.distributed's NCCL group (the
+    baselines') set up."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
+    return rank, world
+
+
 def parse_bytes(text: str) -> int:
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     text = text.strip().upper().rstrip("B").rstrip("I")

@@ -200,10 +200,8 @@ def finish_torch(_):
 
 
 def main(_):
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX shares the GPU with torch and CuPy
-    dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
+    rank, world = common.init_rank()
     group = interlace.init(heap_bytes=64 << 20, timeout_s=60.0)
     common.warm_up_gpu(1.0)
     measured, skipped = {}, {}

@@ -8,7 +8,6 @@ events, the slower rank's medians):
 and up to 1 MiB, per-call latency under CUDA-graph replay (interlace_graph).
 Bus bandwidth = (world - 1) / world * bytes / time, as nccl-tests reports it. Rows hold bytes and us
 (and busbw_gbs) per method."""
-import os
 
 import torch
 import torch.distributed as dist
@@ -23,9 +22,7 @@ DEFAULT_SIZES, GRAPH_MAX_BYTES = rc.DEFAULT_SIZES, rc.GRAPH_MAX_BYTES
 
 
 def main(_):
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
+    rank, world = common.init_rank()
     sizes = [common.parse_bytes(s) for s in (FLAGS.sizes or DEFAULT_SIZES)]
     for size in sizes:
         if size % (16 * world):
