@@ -149,20 +149,29 @@ ffi::Error all_reduce_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x
 }  // namespace
 }  // namespace interlace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_all_gather, interlace::all_gather_impl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Attr<int64_t>("group")
-                                  .Attr<int64_t>("num_blocks")
-                                  .Attr<int64_t>("chunk_bytes"));
+namespace {
+
+// What every handler binds first: XLA's stream and the ordinal of the GPU it runs on.
+auto bind_on_stream() {
+  return xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>().Ctx<xla::ffi::DeviceOrdinal>();
+}
+
+// all_gather and reduce_scatter: one input, one output, the group and the kernel's tuning.
+auto bind_collective() {
+  return bind_on_stream()
+      .Arg<xla::ffi::AnyBuffer>()
+      .Ret<xla::ffi::AnyBuffer>()
+      .Attr<int64_t>("group")
+      .Attr<int64_t>("num_blocks")
+      .Attr<int64_t>("chunk_bytes");
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_all_gather, interlace::all_gather_impl, bind_collective());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_gemm, interlace::gemm_impl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                              bind_on_stream()
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::AnyBuffer>()
@@ -172,9 +181,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_gemm, interlace::gemm_impl,
                                   .Attr<int64_t>("pingpong"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_ag_gemm, interlace::ag_gemm_impl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                              bind_on_stream()
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::AnyBuffer>()
@@ -185,20 +192,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_ag_gemm, interlace::ag_gemm_impl,
                                   .Attr<int64_t>("tile_n")
                                   .Attr<int64_t>("pingpong"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_reduce_scatter, interlace::reduce_scatter_impl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Attr<int64_t>("group")
-                                  .Attr<int64_t>("num_blocks")
-                                  .Attr<int64_t>("chunk_bytes"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_reduce_scatter, interlace::reduce_scatter_impl, bind_collective());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_all_reduce, interlace::all_reduce_impl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                              bind_on_stream()
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::AnyBuffer>()
                                   .Attr<int64_t>("group")
