@@ -149,6 +149,14 @@ GemmRsPlan make_gemm_rs_plan(const GemmRsRows& rows, int64_t n, int tile_n, Gemm
 // reference; GemmRsOrder walks the same order in closed form.
 std::vector<int32_t> gemm_rs_tile_row_order(const GemmRsRows& rows);
 
+// The reducers: CTAs set aside from the GEMM (the engine's SM budget, GemmParams::copy_ctas) that sum
+// the tiles this rank owns as their partials land. A multiple of the cluster size leaving at least one
+// cluster of the `ctas` resident CTAs to compute; requested 0 means kGemmRsReduceCtas (or fewer on a
+// small GPU). 8 is a starting point, not a measurement: each reducer reads world x 64 KiB and writes
+// 32 KiB per 128 x 128 tile from local memory.
+constexpr int kGemmRsReduceCtas = 8;
+int gemm_rs_reduce_ctas(int ctas, int cluster, int requested);
+
 // Path rule, a starting point to be tuned on the GPU: its numbers are placeholders, not measurements.
 struct GemmRsPathRule {
   GemmRsPath path = GemmRsPath::kAuto;                // anything else forces that path
