@@ -1,5 +1,6 @@
-// gemm_rs over NVLink: out = this rank's rows of sum over ranks of a_r @ b_r, in one launch of the GEMM
-// engine. DRAFT: compiles, never run on a GPU (see DESIGN.md, "gemm_rs").
+// gemm_rs and gemm_ar over NVLink: out = this rank's rows (gemm_rs) or all rows (gemm_ar) of the sum
+// over ranks of a_r @ b_r, in one launch of the GEMM engine. DRAFT: compiles, never run on a GPU (see
+// DESIGN.md, "gemm_rs").
 //
 // K is split across ranks, so every rank computes a partial of every output tile (plan.h). The
 // engine runs as a plain GEMM over [M, K_r] @ [K_r, N] in GemmRsOrder (owner rank + 1's rows first,
@@ -11,7 +12,10 @@
 //                    included), then raises that staging tile's flag there to the call's op number;
 //   Phases::copy     the reducers: the last copy_ctas CTAs (the engine's SM budget) take this rank's
 //                    tiles in the plan's reduce order, wait for every sender's flag of a tile, sum the
-//                    world's partials in rank order in fp32 and round once into out.
+//                    world's partials in rank order in fp32 and round once into out;
+//                    gemm_ar: the owner also stores each reduced tile into every peer's landing
+//                    tile for it and raises its reduced flag there; then the reducers copy every
+//                    other owner's tiles from this rank's landing tiles into out as they land.
 // The GEMM CTAs never wait on anything but the handshake, so they always finish; the reducers wait,
 // bounded: a failed wait (abort, timeout) has recorded why and returns, and the call raises afterwards.
 #pragma once
@@ -36,16 +40,28 @@ struct GemmRsShared {
   uint64_t signature;    // the call's, for the op handshake
   GemmRsPlan plan;       // rows in CTA tile rows (128); tile_n is the kernel's tile width
   uint64_t staging;      // heap offset of the staging tiles, the same on every rank
-  void* out;             // this rank's rows, [rows of this rank, n], row stride ldo
+  void* out;             // gemm_rs: this rank's rows, [rows of this rank, n]; gemm_ar: [M, n]; row stride ldo
   int64_t ldo;
+  int64_t out_first_row; // the output row that out's row 0 holds: start[me] (gemm_rs), 0 (gemm_ar)
+  uint64_t landing;      // gemm_ar: heap offset of the reduced tiles (landing_offset), the same on every rank
   int32_t n;
   int32_t reduce_tiles;  // tiles this rank sums: plan.reduced_rows(me) * tiles_n; 0 when K = 0
+  int32_t landing_tiles; // gemm_ar: every output tile (tiles_m * tiles_n; 0 when K = 0); gemm_rs: 0
 };
+
+// gemm_ar's landing tiles: tile (m_idx, n_idx)'s reduced values, 128 x tile_n elements of the output
+// type, row-major, tile-major over the whole output.
+IL_HOST_DEVICE inline uint64_t landing_offset(const GemmRsPlan& plan, int32_t m_idx, int32_t n_idx, int element_bytes) {
+  return (static_cast<uint64_t>(m_idx) * plan.tiles_n + n_idx) * plan.rows.tile_m * plan.tile_n * element_bytes;
+}
 
 namespace gemm_rs_detail {
 
+// kOp: kGemmRs or kGemmAr, whose region of the pad the flags live in.
+template <OpId kOp>
 __device__ __forceinline__ GemmRsFlags& flags(const device::NvlinkTransport& t) {
-  return *op_flags<GemmRsFlags, OpId::kGemmRs>(t.my_pad());
+  static_assert(kOp == OpId::kGemmRs || kOp == OpId::kGemmAr, "gemm_rs's flags serve gemm_rs and gemm_ar");
+  return *op_flags<GemmRsFlags, kOp>(t.my_pad());
 }
 
 // This call's op number. Valid between op_begin and op_end (the counter moves only when the last
@@ -70,10 +86,29 @@ __device__ __forceinline__ float4 sum4_in_rank_order(const float* first, uint64_
   return sum;
 }
 
-// The whole CTA: this rank's rows of tile (m_idx, n_idx) = the world's staged partials summed in rank
-// order, rounded once to Element. Four columns per thread and step; a row's last group of fewer than
-// four columns (N not a multiple of 4) goes element by element.
+// Stores four sums (or the first `count` < 4 of them) at dst, rounded once to Element: 8 bytes when
+// whole (dst is then 8-byte aligned), else element by element, with no array (local memory).
 template <class Element>
+__device__ __forceinline__ void store4(Element* dst, const float4& sum, int32_t count) {
+  if (count >= 4) {
+    cutlass::AlignedArray<Element, 4> v;
+    v[0] = Element(sum.x);
+    v[1] = Element(sum.y);
+    v[2] = Element(sum.z);
+    v[3] = Element(sum.w);
+    *reinterpret_cast<cutlass::AlignedArray<Element, 4>*>(dst) = v;
+  } else {
+    dst[0] = Element(sum.x);
+    if (count > 1) dst[1] = Element(sum.y);
+    if (count > 2) dst[2] = Element(sum.z);
+  }
+}
+
+// The whole CTA: this rank's rows of tile (m_idx, n_idx) = the world's staged partials summed in rank
+// order, rounded once to Element, into out; with kBroadcast (gemm_ar) the same values also into every
+// peer's landing tile for it. Four columns per thread and step; a row's last group of fewer than four
+// columns (N not a multiple of 4) goes element by element.
+template <class Element, bool kBroadcast>
 __device__ __forceinline__ void reduce_tile(const GemmRsShared& p, int32_t m_idx, int32_t n_idx) {
   const GemmRsPlan& plan = p.plan;
   const RowBlocks& rows = plan.rows;
@@ -92,20 +127,42 @@ __device__ __forceinline__ void reduce_tile(const GemmRsShared& p, int32_t m_idx
   for (int64_t j = threadIdx.x; j < work; j += blockDim.x) {
     const int64_t row = lo + j / groups;
     const int32_t col = static_cast<int32_t>(j % groups) * 4;
-    const float4 sum = sum4_in_rank_order(staged + (row - tile_row0) * plan.tile_n + col, sender_stride, rows.world);
-    Element* dst = out + (row - rows.start[me]) * p.ldo + col0 + col;
-    if (col + 4 <= cols) {
-      // 8 bytes: out's rows start 16-byte aligned and col0 + col is a multiple of 4.
-      cutlass::AlignedArray<Element, 4> v;
-      v[0] = Element(sum.x);
-      v[1] = Element(sum.y);
-      v[2] = Element(sum.z);
-      v[3] = Element(sum.w);
-      *reinterpret_cast<cutlass::AlignedArray<Element, 4>*>(dst) = v;
-    } else {  // 1 to 3 columns; no array, which would live in local memory
-      dst[0] = Element(sum.x);
-      if (col + 1 < cols) dst[1] = Element(sum.y);
-      if (col + 2 < cols) dst[2] = Element(sum.z);
+    const int64_t at = (row - tile_row0) * plan.tile_n + col;  // within a tile
+    const float4 sum = sum4_in_rank_order(staged + at, sender_stride, rows.world);
+    // out's rows start 16-byte aligned and col0 + col is a multiple of 4.
+    store4(out + (row - p.out_first_row) * p.ldo + col0 + col, sum, cols - col);
+    if constexpr (kBroadcast) {
+      const uint64_t tile = p.landing + landing_offset(plan, m_idx, n_idx, sizeof(Element));
+      for (int32_t k = 1; k < rows.world; ++k) {  // rank + 1 first, so that owners spread their stores
+        const int32_t q = (me + k) % rows.world;
+        store4(reinterpret_cast<Element*>(p.transport.heaps[q] + tile) + at, sum, cols - col);
+      }
+    }
+  }
+}
+
+// The whole CTA: out's rows of tile (m_idx, n_idx) from this rank's landing tile (gemm_ar: another
+// owner's reduced values), 16 bytes at a time where whole, then element by element.
+template <class Element>
+__device__ __forceinline__ void copy_landed_tile(const GemmRsShared& p, int32_t m_idx, int32_t n_idx) {
+  const GemmRsPlan& plan = p.plan;
+  const int64_t tile_row0 = static_cast<int64_t>(m_idx) * plan.rows.tile_m;
+  const int64_t rows = min(static_cast<int64_t>(plan.rows.tile_m), plan.rows.m() - tile_row0);
+  const int32_t col0 = n_idx * plan.tile_n;
+  const int32_t cols = min(plan.tile_n, p.n - col0);
+  const int32_t groups = (cols + 7) / 8;  // 8 elements: 16 bytes
+  const Element* tile = reinterpret_cast<const Element*>(p.transport.heaps[p.transport.local_rank] + p.landing +
+                                                         landing_offset(plan, m_idx, n_idx, sizeof(Element)));
+  Element* out = static_cast<Element*>(p.out);
+  for (int64_t j = threadIdx.x; j < rows * groups; j += blockDim.x) {
+    const int64_t row = j / groups;
+    const int32_t col = static_cast<int32_t>(j % groups) * 8;
+    const Element* src = tile + row * plan.tile_n + col;
+    Element* dst = out + (tile_row0 + row - p.out_first_row) * p.ldo + col0 + col;
+    if (col + 8 <= cols) {
+      *reinterpret_cast<uint4*>(dst) = __ldcg(reinterpret_cast<const uint4*>(src));
+    } else {
+      for (int32_t e = 0; e < cols - col; ++e) dst[e] = src[e];
     }
   }
 }
@@ -122,6 +179,7 @@ __device__ __forceinline__ void reduce_tile(const GemmRsShared& p, int32_t m_idx
 // The stores are 8-byte column pairs straight from registers, over NVLink for peers. The issue's
 // design stages the tile in shared memory and pushes it with wide (or TMA bulk) stores; that is the
 // first thing to measure and change (UNMEASURED).
+template <OpId kOp>
 struct GemmRsEpilogue {
   using Params = GemmRsShared;
 
@@ -166,16 +224,19 @@ struct GemmRsEpilogue {
     }
     if (thread_idx != 0) return;
     const uint64_t number = gemm_rs_detail::op_number(t);
-    GemmRsFlags& f = gemm_rs_detail::flags(t);
+    GemmRsFlags& f = gemm_rs_detail::flags<kOp>(t);
     for (int32_t q = first; q <= last; ++q) {
       if (plan.receives(q, m_idx)) t.signal(q, &f.flag[plan.partial_slot(q, me, m_idx, n_idx)], number);
     }
   }
 };
 
-// Element: the output's (cutlass::bfloat16_t or cutlass::half_t), for the reducers' rounding.
-template <class Element>
+// Element: the output's (cutlass::bfloat16_t or cutlass::half_t), for the reducers' rounding. kOp:
+// kGemmRs, or kGemmAr (the reducers then also broadcast their tiles and gather the others').
+template <class Element, OpId kOp>
 struct GemmRsPhases {
+  static constexpr bool kAllReduce = kOp == OpId::kGemmAr;
+
   using Params = GemmRsShared;
 
   __device__ static bool begin(const Params& p) {
@@ -188,29 +249,52 @@ struct GemmRsPhases {
 
   // The reducers, every thread of copier CTA `cta` of `ctas`: tiles cta, cta + ctas, ... of this
   // rank's reduce order. Thread s < world waits for sender s's flag of the tile; the sum starts once
-  // all have landed.
+  // all have landed. gemm_ar: each reduced tile then goes to every peer (reduce_tile) and, once all
+  // its stores are issued, thread q raises peer q's reduced flag for it; after its own tiles, the CTA
+  // copies its share of the other owners' tiles from the landing tiles into out as their flags rise.
+  // The owners' reducers wait only for GEMM tiles, which never wait: no cycle.
   __device__ static void copy(const Params& p, int cta, int ctas) {
     using namespace gemm_rs_detail;
     const device::NvlinkTransport& t = p.transport;
     const GemmRsPlan& plan = p.plan;
     const int32_t me = t.local_rank;
+    const int32_t world = plan.rows.world;
+    const int32_t thread = static_cast<int32_t>(threadIdx.x);
     __shared__ int failed;  // only ever set, and the CTA stops at once: no reset between tiles
     if (threadIdx.x == 0) failed = 0;
     __syncthreads();
     const uint64_t number = op_number(t);
-    GemmRsFlags& f = flags(t);
+    GemmRsFlags& f = flags<kOp>(t);
     for (int32_t i = cta; i < p.reduce_tiles; i += ctas) {
       int32_t m_idx, n_idx;
       plan.reduce_tile(i, m_idx, n_idx);
-      const int32_t s = static_cast<int32_t>(threadIdx.x);
-      if (s < plan.rows.world &&
-          t.wait(&f.flag[plan.partial_slot(me, s, m_idx, n_idx)], number, p.wait, FlagId::kPartial, s) == 0) {
+      if (thread < world &&
+          t.wait(&f.flag[plan.partial_slot(me, thread, m_idx, n_idx)], number, p.wait, FlagId::kPartial, thread) == 0) {
         failed = 1;
       }
       __syncthreads();
       if (failed) return;
-      reduce_tile<Element>(p, m_idx, n_idx);
-      __syncthreads();  // every thread has read `failed` before the next tile's waits may set it
+      reduce_tile<Element, kAllReduce>(p, m_idx, n_idx);
+      __syncthreads();  // every thread has read `failed` (and, gemm_ar, stored its share of the tile)
+      if (kAllReduce && thread < world && thread != me) {
+        t.signal(thread, &f.flag[plan.reduced_flag(m_idx, n_idx)], number);
+      }
+    }
+    if constexpr (kAllReduce) {
+      // Every other owner's tiles: position i of the output's tiles, row-major, skipping this rank's.
+      for (int32_t i = cta; i < p.landing_tiles; i += ctas) {
+        const int32_t m_idx = i / plan.tiles_n, n_idx = i % plan.tiles_n;
+        if (plan.receives(me, m_idx)) continue;  // reduced here (uniform over the CTA)
+        const int32_t owner = plan.rows.first_owner(m_idx);  // whole tile rows: the one owner
+        if (thread == 0 &&
+            t.wait(&f.flag[plan.reduced_flag(m_idx, n_idx)], number, p.wait, FlagId::kReduced, owner) == 0) {
+          failed = 1;
+        }
+        __syncthreads();
+        if (failed) return;
+        copy_landed_tile<Element>(p, m_idx, n_idx);
+        __syncthreads();
+      }
     }
   }
 

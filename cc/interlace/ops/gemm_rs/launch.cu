@@ -1,16 +1,12 @@
 #include "interlace/ops/gemm_rs/launch.h"
 
-#include <atomic>
 #include <numeric>
 #include <string>
-#include <type_traits>
 
 #include "interlace/base/cuda.h"
 #include "interlace/gemm/args.h"
-#include "interlace/gemm/launch.cuh"
-#include "interlace/gemm/sm90_gemm_tma_warpspecialized.cuh"
 #include "interlace/gemm/tile_plan.h"
-#include "interlace/ops/gemm_rs/kernel.cuh"
+#include "interlace/ops/gemm_rs/engine.cuh"
 #include "interlace/ops/gemm_rs/plan.h"
 #include "interlace/runtime/op_call.h"
 
@@ -18,92 +14,7 @@ namespace interlace {
 namespace {
 
 using detail::concat;
-
-// 2-CTA clusters: the pair shares B through TMA multicast (as gemm and ag_gemm).
-constexpr int kClusterM = 2;
-
-struct Launch {
-  GemmProblem problem;  // [M, K_r] @ [K_r, N]: this rank's partial of the whole output
-  const void* a = nullptr;
-  const void* b = nullptr;
-  GemmRsShared shared;
-  GemmRsOrder::Params order;
-  int32_t num_tiles = 0;
-  int32_t reduce_ctas = 0;
-  int ctas = 0;                 // every cluster the GPU runs at once
-  const void* dummy = nullptr;  // 16-byte aligned device memory of at least 128 bytes
-};
-
-// One compiled kernel: element type, b's layout, tile width and consumer schedule.
-template <class Element, bool kBKMajor, int kTileN, bool kPingpong>
-struct Variant {
-  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, kPingpong>;
-  using Phases = GemmRsPhases<Element>;
-  using Params = gemm_engine::GemmParams<Config, GemmRsOrder, gemm_engine::NoInputWait, GemmRsEpilogue, Phases>;
-  static auto kernel() {
-    return gemm_engine::sm90_gemm_kernel<Config, GemmRsOrder, gemm_engine::NoInputWait, GemmRsEpilogue, Phases>;
-  }
-  // The largest kernel parameters CUDA takes (12.1 and later, Volta and later).
-  static_assert(sizeof(Params) <= 32764, "gemm_rs's kernel parameters outgrew CUDA's limit");
-};
-
-// Calls f(Variant<...>{}) for the variant these settings select.
-template <class F>
-void with_variant(bool bf16, bool b_k_major, int tile_n, bool pingpong, F&& f) {
-  auto by_tile = [&](auto element, auto k_major) {
-    using E = decltype(element);
-    constexpr bool kK = decltype(k_major)::value;
-    if (pingpong) {
-      f(Variant<E, kK, 128, true>{});
-    } else if (tile_n == 256) {
-      f(Variant<E, kK, 256, false>{});
-    } else {
-      f(Variant<E, kK, 128, false>{});
-    }
-  };
-  auto by_layout = [&](auto element) {
-    b_k_major ? by_tile(element, std::true_type{}) : by_tile(element, std::false_type{});
-  };
-  bf16 ? by_layout(cutlass::bfloat16_t{}) : by_layout(cutlass::half_t{});
-}
-
-// The CTAs of a variant that the GPU runs at once. The reducers wait for tiles that CTAs here and on
-// peers compute, so the kernel never launches more. Looked up once per device.
-template <class V>
-int resident_ctas(int device, int num_sms) {
-  static std::atomic<int> known[64] = {};
-  int ctas = device < 64 ? known[device].load() : 0;
-  if (ctas == 0) {
-    ctas = gemm_engine::resident_ctas<typename V::Config>(V::kernel(), num_sms);
-    if (device < 64) known[device].store(ctas);
-  }
-  return ctas;
-}
-
-template <class V>
-void launch(const Launch& l, cudaStream_t stream) {
-  using Config = typename V::Config;
-  typename V::Params params{};
-  if (l.num_tiles > 0) {
-    params.mainloop = gemm_engine::mainloop_params<Config>(l.problem, l.a, l.b);
-  } else {
-    // Nothing to compute (M, N or K is 0), but the kernel still runs for the handshake: TMA
-    // descriptors of a tiny problem on memory that exists (never read).
-    GemmProblem tiny = l.problem;
-    tiny.m = tiny.n = tiny.k = tiny.lda = tiny.ldb = tiny.ldc = 8;
-    params.mainloop = gemm_engine::mainloop_params<Config>(tiny, l.dummy, l.dummy);
-  }
-  params.mainloop_alt = params.mainloop;  // NoInputWait never asks for it
-  params.m = static_cast<int32_t>(l.problem.m);
-  params.n = static_cast<int32_t>(l.problem.n);
-  params.k = static_cast<int32_t>(l.problem.k);
-  params.order = l.order;
-  params.num_tiles = l.num_tiles;
-  params.epilogue = l.shared;
-  params.phases = l.shared;
-  params.copy_ctas = l.reduce_ctas;
-  gemm_engine::launch_kernel<Config>(V::kernel(), params, l.ctas, stream);
-}
+using namespace gemm_rs_launch;
 
 // Every rank's output rows, from shard_rows or even blocks of a's M; checked against out's rows here.
 std::vector<int64_t> rows_per_rank(const std::vector<int64_t>& shard_rows, int64_t m, int64_t mine, int rank,
@@ -181,15 +92,8 @@ void gemm_rs(Group& group, const TensorView& a, const TensorView& b, const Tenso
     l.problem.lda = lda;
     const int64_t n = l.problem.n;
 
-    IL_CHECK(tuning.tile_n == 0 || tuning.tile_n == 128 || tuning.tile_n == 256,
-             "gemm_rs: tile_n must be 0 (automatic), 128 or 256, got ", tuning.tile_n);
-    IL_CHECK(!tuning.pingpong || tuning.tile_n == 0 || tuning.tile_n == 128,
-             "gemm_rs: ping-pong tiles are 128 wide; tile_n=", tuning.tile_n, " needs pingpong=False");
-    IL_CHECK(tuning.band_m >= 0, "gemm_rs: band_m must be >= 0 (0: automatic), got ", tuning.band_m);
-    tile_n = tuning.pingpong ? 128
-             : tuning.tile_n ? tuning.tile_n
-                             : choose_tile_n(m, n, group.num_sms(), kClusterM);
-    const int band_m = tuning.band_m ? tuning.band_m : tile_n == 256 ? 16 : 8;
+    tile_n = checked_tile_n("gemm_rs", tuning, m, n, group.num_sms());
+    const int band_m = band_m_for(tuning, tile_n);
     const GemmRsRows tile_rows = make_gemm_rs_rows(rows, me, kGemmRsTileM);
     const GemmRsRows cluster_rows = make_gemm_rs_rows(rows, me, kGemmRsClusterTileM);
     // Only the throughput path and fp32 partials are built: the one-shot (decode) path and partials in
@@ -199,7 +103,7 @@ void gemm_rs(Group& group, const TensorView& a, const TensorView& b, const Tenso
     s.plan = make_gemm_rs_plan(tile_rows, n, tile_n, GemmRsKind::kReduceScatter, GemmRsPath::kThroughput,
                                GemmRsPartials::kFp32, 2 * band_m);
     const TileGrid grid = tile_grid(m, n, kGemmRsClusterTileM, tile_n);
-    with_variant(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
+    with_variant<OpId::kGemmRs>(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
                  [&](auto v) { l.ctas = resident_ctas<decltype(v)>(group.device(), group.num_sms()); });
     l.reduce_ctas = gemm_rs_reduce_ctas(l.ctas, kClusterM, tuning.reduce_ctas);
     l.num_tiles = k == 0 ? 0 : grid.num_tiles();
@@ -219,6 +123,9 @@ void gemm_rs(Group& group, const TensorView& a, const TensorView& b, const Tenso
     s.staging = staging;
     s.out = out.data;
     s.ldo = ldo;
+    s.out_first_row = tile_rows.start[me];
+    s.landing = 0;  // gemm_ar's
+    s.landing_tiles = 0;
     s.n = static_cast<int32_t>(n);
     s.reduce_tiles = k == 0 ? 0 : s.plan.reduced_rows(me) * s.plan.tiles_n;
     l.a = a.data;
@@ -239,7 +146,7 @@ void gemm_rs(Group& group, const TensorView& a, const TensorView& b, const Tenso
     if (l.problem.k == 0 && my_rows > 0 && l.problem.n > 0) {
       IL_CUDA_CHECK(cudaMemset2DAsync(out.data, l.shared.ldo * 2, 0, l.problem.n * 2, my_rows, s));
     }
-    with_variant(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
+    with_variant<OpId::kGemmRs>(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
                  [&](auto v) { launch<decltype(v)>(l, s); });
   });
 }
