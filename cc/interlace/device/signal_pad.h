@@ -26,7 +26,7 @@ enum class OpId : int32_t {
   kReduceScatter = 3,
   kAllReduce = 4,
   kGemmRs = 5,
-  kGemmAr = 6,  // region reserved; the gemm_ar kernel is not built yet
+  kGemmAr = 6,
   kCancel = 7,
 };
 enum class FlagId : int32_t { kNone = 0, kHello = 1, kDone = 2, kGate = 3, kChunk = 4, kPartial = 5, kReduced = 6 };

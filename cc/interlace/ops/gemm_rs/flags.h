@@ -1,4 +1,4 @@
-// gemm_rs's flags, in its region of every rank's signal pad.
+// gemm_rs's and gemm_ar's flags, each op in its own region of every rank's signal pad.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +13,7 @@ struct GemmRsFlags {
   // landed in this rank's staging. Raised to the call's op number (op numbers only grow, so "landed in
   // this call" is flag >= the op number: nothing is reset and captured graphs replay). The sender's
   // own partial, which it stores into its own staging, has a flag like any other. Past partial_flags,
-  // gemm_ar's reduced_flag()s (not built yet).
+  // gemm_ar's reduced_flag()s: the owner's reduced tile has landed in this rank's landing tile.
   uint64_t flag[kGemmRsMaxFlags];
 };
 
