@@ -19,12 +19,13 @@ from gemm_rs_worker import (CASES, PATHS, RANK, TIMEOUT_S, WORLD, expect_bits, e
 
 
 def scratch_bytes(m, n):
-    """gemm_ar's heap scratch, as gemm_ar sizes it: the fp32 partials of the busiest owner's whole tile
-    rows from every rank, and a landing tile of 2-byte elements for every output tile; the larger of
-    the two tile widths."""
+    """gemm_ar's heap scratch, as gemm_ar sizes it, the larger of its two paths and two tile widths:
+    throughput, the fp32 partials of the busiest owner's whole tile rows from every rank and a landing
+    tile of 2-byte elements for every output tile; one-shot, every rank's fp32 partials of every tile."""
     tiles_m = -(-m // 128)
     most = -(-tiles_m // WORLD)
-    return max(WORLD * most * -(-n // w) * 128 * w * 4 + tiles_m * -(-n // w) * 128 * w * 2 + 256 for w in (128, 256))
+    return max(max(WORLD * most * -(-n // w) * 128 * w * 4 + tiles_m * -(-n // w) * 128 * w * 2 + 256,
+                   WORLD * tiles_m * -(-n // w) * 128 * w * 4) for w in (128, 256))
 
 
 def heap_bytes(shapes, extra=256 << 20):

@@ -1,6 +1,11 @@
-// gemm_ar: gemm_rs's kernel (ops/gemm_rs/kernel.cuh) with owners of whole 128-row tile rows
-// (gemm_ar_rows_per_rank) whose reducers also push each reduced tile to every rank's landing tiles,
-// from which every rank's reducers copy the other owners' tiles into out. DRAFT, never run on a GPU.
+// gemm_ar: gemm_rs's kernel (ops/gemm_rs/kernel.cuh) on one of two paths (choose_gemm_rs_path):
+//   throughput  owners of whole 128-row tile rows (gemm_ar_rows_per_rank) whose reducers also push
+//               each reduced tile to every rank's landing tiles, from which every rank's reducers
+//               copy the other owners' tiles into out;
+//   one-shot    (decode: small M, one wave of tiles, a small push) every rank's epilogue pushes every
+//               tile's partial to every rank, and every rank's reducers sum all of out: no second hop.
+// Both add the same fp32 values in the same order: the same bits on every rank and either path.
+// DRAFT, never run on a GPU.
 #include "interlace/ops/gemm_ar/launch.h"
 
 #include <string>
@@ -44,9 +49,10 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
     const GemmRsRows tile_rows = make_gemm_rs_rows(rows, me, kGemmRsTileM);
     const GemmRsRows cluster_rows = make_gemm_rs_rows(rows, me, kGemmRsClusterTileM);
     GemmRsShared& s = l.shared;
-    // Throughput path and fp32 partials only, as gemm_rs (the one-shot path is not built).
-    s.plan = make_gemm_rs_plan(tile_rows, n, tile_n, GemmRsKind::kAllReduce, GemmRsPath::kThroughput,
-                               GemmRsPartials::kFp32, 2 * band_m);
+    // fp32 partials only, as gemm_rs.
+    const GemmRsPath path = choose_gemm_rs_path(m, n, k, topo.world_size, GemmRsKind::kAllReduce,
+                                                GemmRsPartials::kFp32, group.num_sms(), tile_n);
+    s.plan = make_gemm_rs_plan(tile_rows, n, tile_n, GemmRsKind::kAllReduce, path, GemmRsPartials::kFp32, 2 * band_m);
     const TileGrid grid = tile_grid(m, n, kGemmRsClusterTileM, tile_n);
     with_variant<OpId::kGemmAr>(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
                                 [&](auto v) { l.ctas = resident_ctas<decltype(v)>(group.device(), group.num_sms()); });
@@ -55,10 +61,11 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
     l.order = GemmRsOrder::make(cluster_rows, grid.tiles_n, band_m);
 
     // Scratch, at the same heap offset on every rank (part of the signature): the partials' staging,
-    // then a landing tile of the output type for every output tile.
+    // then, on the throughput path, a landing tile of the output type for every output tile.
     const uint64_t staging_bytes = (s.plan.staging_bytes + 255) / 256 * 256;
     const int32_t all_tiles = tile_rows.tiles_m() * s.plan.tiles_n;
-    const uint64_t landing_bytes = landing_offset(s.plan, 0, all_tiles, 2);  // where a tile past the last would go
+    const int32_t landing_tiles = s.plan.broadcast ? all_tiles : 0;
+    const uint64_t landing_bytes = landing_offset(s.plan, 0, landing_tiles, 2);  // where a tile past the last would go
     const size_t scratch = staging_bytes + landing_bytes == 0
                                ? 0
                                : group.scratch(staging_bytes + landing_bytes,
@@ -77,12 +84,13 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
     s.out_first_row = 0;
     s.n = static_cast<int32_t>(n);
     s.reduce_tiles = k == 0 ? 0 : s.plan.reduced_rows(me) * s.plan.tiles_n;
-    s.landing_tiles = k == 0 ? 0 : all_tiles;
+    s.landing_tiles = k == 0 ? 0 : landing_tiles;
     l.a = a.data;
     l.b = b.data;
     l.dummy = heap.local_base();  // the signal pad
     // K_r is this rank's own; only whether it is 0 must agree (a rank with none sends no partials).
-    return concat("gemm_ar(m=", m, ", n=", n, ", k_r>0=", k > 0, ", dtype=", a.dtype_name(), ", scratch=", scratch,
+    return concat("gemm_ar(m=", m, ", n=", n, ", k_r>0=", k > 0, ", dtype=", a.dtype_name(), ", path=",
+                  static_cast<int>(path), ", scratch=", scratch,
                   ", tile_n=", tile_n, ", band_m=", band_m, ", pingpong=", tuning.pingpong,
                   ", reduce_ctas=", l.reduce_ctas, ")");
   });

@@ -105,17 +105,18 @@ __device__ __forceinline__ void store4(Element* dst, const float4& sum, int32_t 
 }
 
 // The whole CTA: this rank's rows of tile (m_idx, n_idx) = the world's staged partials summed in rank
-// order, rounded once to Element, into out; with kBroadcast (gemm_ar) the same values also into every
-// peer's landing tile for it. Four columns per thread and step; a row's last group of fewer than four
+// order, rounded once to Element, into out; with kAllReduce and plan.broadcast (gemm_ar's throughput
+// path) the same values also into every peer's landing tile for it. gemm_ar's one-shot path
+// (plan.every_rank_reduces): every rank sums every row of the tile itself. Four columns per thread and step; a row's last group of fewer than four
 // columns (N not a multiple of 4) goes element by element.
-template <class Element, bool kBroadcast>
+template <class Element, bool kAllReduce>
 __device__ __forceinline__ void reduce_tile(const GemmRsShared& p, int32_t m_idx, int32_t n_idx) {
   const GemmRsPlan& plan = p.plan;
   const RowBlocks& rows = plan.rows;
   const int32_t me = rows.rank;
   const int64_t tile_row0 = static_cast<int64_t>(m_idx) * rows.tile_m;
-  const int64_t lo = max(tile_row0, rows.start[me]);
-  const int64_t hi = min(tile_row0 + rows.tile_m, rows.start[me + 1]);
+  const int64_t lo = plan.every_rank_reduces ? tile_row0 : max(tile_row0, rows.start[me]);
+  const int64_t hi = min(tile_row0 + rows.tile_m, plan.every_rank_reduces ? rows.m() : rows.start[me + 1]);
   const int32_t col0 = n_idx * plan.tile_n;
   const int32_t cols = min(plan.tile_n, p.n - col0);
   const int32_t groups = (cols + 3) / 4;
@@ -131,7 +132,7 @@ __device__ __forceinline__ void reduce_tile(const GemmRsShared& p, int32_t m_idx
     const float4 sum = sum4_in_rank_order(staged + at, sender_stride, rows.world);
     // out's rows start 16-byte aligned and col0 + col is a multiple of 4.
     store4(out + (row - p.out_first_row) * p.ldo + col0 + col, sum, cols - col);
-    if constexpr (kBroadcast) {
+    if (kAllReduce && plan.broadcast) {
       const uint64_t tile = p.landing + landing_offset(plan, m_idx, n_idx, sizeof(Element));
       for (int32_t k = 1; k < rows.world; ++k) {  // rank + 1 first, so that owners spread their stores
         const int32_t q = (me + k) % rows.world;
@@ -199,7 +200,9 @@ struct GemmRsEpilogue {
     // so none of them reaches the barrier below).
     if (static_cast<int64_t>(m_idx) * kTileM >= m) return;
     const int32_t me = t.local_rank;
-    const int32_t first = plan.rows.first_owner(m_idx), last = plan.rows.last_owner(m_idx);
+    // The receivers of this tile: the owners of its rows, or every rank (gemm_ar's one-shot path).
+    const int32_t first = plan.every_rank_reduces ? 0 : plan.rows.first_owner(m_idx);
+    const int32_t last = plan.every_rank_reduces ? plan.rows.world - 1 : plan.rows.last_owner(m_idx);
 
     Tensor coords = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));  // within the tile
     Tensor tile_coords = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
@@ -276,7 +279,7 @@ struct GemmRsPhases {
       if (failed) return;
       reduce_tile<Element, kAllReduce>(p, m_idx, n_idx);
       __syncthreads();  // every thread has read `failed` (and, gemm_ar, stored its share of the tile)
-      if (kAllReduce && thread < world && thread != me) {
+      if (kAllReduce && plan.broadcast && thread < world && thread != me) {
         t.signal(thread, &f.flag[plan.reduced_flag(m_idx, n_idx)], number);
       }
     }

@@ -96,8 +96,9 @@ void gemm_rs(Group& group, const TensorView& a, const TensorView& b, const Tenso
     const int band_m = band_m_for(tuning, tile_n);
     const GemmRsRows tile_rows = make_gemm_rs_rows(rows, me, kGemmRsTileM);
     const GemmRsRows cluster_rows = make_gemm_rs_rows(rows, me, kGemmRsClusterTileM);
-    // Only the throughput path and fp32 partials are built: the one-shot (decode) path and partials in
-    // the input dtype are the plan's, not yet the kernel's. The throughput path is correct at any M.
+    // fp32 partials only (the input dtype's are the plan's, not yet the kernel's). gemm_rs's one-shot
+    // path is the same protocol as its throughput path (owners receive the partials either way; only
+    // when the sums run differs, and the reducers run as soon as partials land), so it takes this one.
     GemmRsShared& s = l.shared;
     // The reducers' bands match the GEMM's, counted in 128-row tiles (a cluster tile row is two).
     s.plan = make_gemm_rs_plan(tile_rows, n, tile_n, GemmRsKind::kReduceScatter, GemmRsPath::kThroughput,

@@ -1,8 +1,7 @@
 // Host and device plan of gemm_rs and gemm_ar (issue 9: fused GEMM+ReduceScatter and GEMM+AllReduce).
-// Everything here is CPU-tested (tests/cc/gemm_rs_plan_test.cc). The gemm_rs kernel (kernel.cuh, a
-// draft never run on a GPU) runs the throughput path with fp32 partials; the one-shot path, partials
-// in the input dtype and gemm_ar are the plan's only. The standalone reduce_scatter and all_reduce:
-// ops/reduce/.
+// Everything here is CPU-tested (tests/cc/gemm_rs_plan_test.cc). The kernel (kernel.cuh, a draft
+// never run on a GPU) runs gemm_rs and both gemm_ar paths with fp32 partials; partials in the input
+// dtype are the plan's only. The standalone reduce_scatter and all_reduce: ops/reduce/.
 //
 // K is split across ranks, so every rank computes a partial of EVERY output tile. Rank r owns the
 // output rows [start[r], start[r + 1]) (uneven blocks, empty ones allowed); each partial tile goes to
