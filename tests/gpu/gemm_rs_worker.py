@@ -265,7 +265,8 @@ def scenario_graph():
         ((256, 256), 512, 1024, torch.bfloat16, "kn", PATHS[2]),
     ]
     group = interlace.init(heap_bytes=heap_bytes(specs), timeout_s=TIMEOUT_S)
-    cases = [Case(seed=400 + i, rows=r, k=k, n=n, dtype=dt, layout=lay) for i, (r, k, n, dt, lay, _) in enumerate(specs)]
+    cases = [Case(seed=400 + i, rows=r, k=k, n=n, dtype=dt, layout=lay)
+             for i, (r, k, n, dt, lay, _) in enumerate(specs)]
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         cases[0].call(group, path=specs[0][-1])

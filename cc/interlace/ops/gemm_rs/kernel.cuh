@@ -13,9 +13,11 @@
 //   Phases::copy     the reducers: the last copy_ctas CTAs (the engine's SM budget) take this rank's
 //                    tiles in the plan's reduce order, wait for every sender's flag of a tile, sum the
 //                    world's partials in rank order in fp32 and round once into out;
-//                    gemm_ar: the owner also stores each reduced tile into every peer's landing
-//                    tile for it and raises its reduced flag there; then the reducers copy every
-//                    other owner's tiles from this rank's landing tiles into out as they land.
+//                    gemm_ar, throughput path: the owner also stores each reduced tile into every
+//                    peer's landing tile for it and raises its reduced flag there; then the reducers
+//                    copy every other owner's tiles from this rank's landing tiles into out as they
+//                    land. gemm_ar, one-shot path (decode): every rank receives every partial and
+//                    sums all of out itself.
 // The GEMM CTAs never wait on anything but the handshake, so they always finish; the reducers wait,
 // bounded: a failed wait (abort, timeout) has recorded why and returns, and the call raises afterwards.
 #pragma once
@@ -107,8 +109,9 @@ __device__ __forceinline__ void store4(Element* dst, const float4& sum, int32_t 
 // The whole CTA: this rank's rows of tile (m_idx, n_idx) = the world's staged partials summed in rank
 // order, rounded once to Element, into out; with kAllReduce and plan.broadcast (gemm_ar's throughput
 // path) the same values also into every peer's landing tile for it. gemm_ar's one-shot path
-// (plan.every_rank_reduces): every rank sums every row of the tile itself. Four columns per thread and step; a row's last group of fewer than four
-// columns (N not a multiple of 4) goes element by element.
+// (plan.every_rank_reduces): every rank sums every row of the tile itself. Four columns per thread
+// and step; a row's last group of fewer than four columns (N not a multiple of 4) goes element by
+// element.
 template <class Element, bool kAllReduce>
 __device__ __forceinline__ void reduce_tile(const GemmRsShared& p, int32_t m_idx, int32_t n_idx) {
   const GemmRsPlan& plan = p.plan;
