@@ -9,6 +9,7 @@ models that call them, and CUDA graphs (mode="reduce-overhead") replay them.
     y = itorch.ag_gemm(x, w.t(), group)      # all_gather(x) @ w.t() in one launch
     s = itorch.all_reduce(x, group)          # also itorch.reduce_scatter(x, group)
     y = itorch.gemm_rs(x, w.t(), group)      # this rank's rows of sum(x @ w.t()); gemm_ar: all rows
+    col = itorch.ColumnParallelLinear(4096, 14336, group)  # tensor-parallel layers (torch_layers.py)
 
 Custom ops take tensors and scalars, not Python objects: a group crosses torch.library as its
 integer handle (group.handle), and the op finds the group again by it. group.handle is a plain int
@@ -342,3 +343,6 @@ def empty(group, shape, dtype=_torch.bfloat16) -> _torch.Tensor:
 def peer(group, tensor: _torch.Tensor, rank: int) -> _torch.Tensor:
     """`tensor` (symmetric) as it lies on `rank` of this node, mapped over NVLink."""
     return _torch.from_dlpack(group.peer(tensor, rank))
+
+
+from interlace.torch_layers import ColumnParallelLinear, RowParallelLinear  # noqa: E402,F401 (after the ops they use)
