@@ -16,8 +16,8 @@ from interlace._group import Group, native as _native
 from interlace._interlace import Bootstrap, Error, gpu_count
 from interlace import _interlace as _C
 
-__all__ = ["Bootstrap", "Error", "Group", "ag_gemm", "all_gather", "all_reduce", "gemm", "gpu_count", "init",
-           "reduce_scatter"]
+__all__ = ["Bootstrap", "Error", "Group", "ag_gemm", "all_gather", "all_reduce", "gemm", "gemm_ar", "gemm_rs",
+           "gpu_count", "init", "reduce_scatter"]
 __version__ = "0.1.0"
 
 
@@ -149,3 +149,45 @@ def ag_gemm(a_shard, b, out, group, *, gathered=None, shard_rows=None, stream=No
                shard_rows=[] if shard_rows is None else [int(r) for r in shard_rows], stream=stream,
                chunk_rows=chunk_rows, band_m=band_m, tile_n=tile_n, pingpong=pingpong, transfer=transfer,
                copy_ctas=copy_ctas)
+
+
+def gemm_rs(a, b, out, group, *, shard_rows=None, stream=None, band_m=0, tile_n=0, pingpong=True, reduce_ctas=0):
+    """out = this rank's rows of sum over ranks r of a_r @ b_r, in one launch (GEMM + ReduceScatter):
+    K is split across ranks, a is [M, K_r] (row-major) and b [K_r, N], row-major or column-major (a
+    Linear weight w [N, K_r] as w.t()); out is [rows of this rank, N]. bf16 or fp16; the partials are
+    summed in fp32 in rank order and rounded once, so the result is bitwise the same on every run.
+    Rows 16-byte aligned (K_r and N multiples of 8). K_r may differ across ranks, but must be 0 on all
+    or on none.
+    shard_rows: every rank's output rows, the same list on every rank (default: even blocks, M / world);
+    a rank may own none.
+    Tuning (0: automatic): band_m, as in gemm; pingpong (default), consumer warpgroups on alternate
+    128 x 128 tiles, else cooperative tiles of width tile_n (128 or 256); reduce_ctas, SMs (a multiple
+    of 2) set aside to sum this rank's tiles as they land (8).
+    Needs heap scratch for the fp32 partials of the tiles this rank owns from every rank (world x its
+    rows x N x 4 bytes, rounded up to whole tiles). Stream-ordered, graph-capturable; raises
+    interlace.Error before any GPU work on bad arguments. DRAFT: not yet run on a GPU."""
+    if _frameworks.is_jax(out):
+        raise TypeError("JAX arrays are immutable: interlace.gemm_rs writes into out")
+    native = _native(group)
+    if stream is None:
+        stream = _frameworks.current_stream(out, a, b)
+    _C.gemm_rs(_frameworks.as_dlpack(a), _frameworks.as_dlpack(b), _frameworks.as_dlpack(out), native,
+               shard_rows=[] if shard_rows is None else [int(r) for r in shard_rows], stream=stream, band_m=band_m,
+               tile_n=tile_n, pingpong=pingpong, reduce_ctas=reduce_ctas)
+
+
+def gemm_ar(a, b, out, group, *, stream=None, band_m=0, tile_n=0, pingpong=True, reduce_ctas=0):
+    """out[M, N] = sum over ranks r of a_r @ b_r on every rank, in one launch (GEMM + AllReduce):
+    a is [M, K_r] and b [K_r, N] as for gemm_rs; out is the whole [M, N]. Each tile row is summed by
+    one owner (whole, balanced tile rows per rank), in fp32 in rank order, rounded once, and sent to
+    every rank: the result is bitwise the same on every run and on every rank. Tuning as gemm_rs.
+    Needs heap scratch for the fp32 partials of the tiles this rank owns (world x M / world x N x 4
+    bytes, about) and a landing copy of out (M x N x 2 bytes). Stream-ordered, graph-capturable; raises
+    interlace.Error before any GPU work on bad arguments. DRAFT: not yet run on a GPU."""
+    if _frameworks.is_jax(out):
+        raise TypeError("JAX arrays are immutable: interlace.gemm_ar writes into out")
+    native = _native(group)
+    if stream is None:
+        stream = _frameworks.current_stream(out, a, b)
+    _C.gemm_ar(_frameworks.as_dlpack(a), _frameworks.as_dlpack(b), _frameworks.as_dlpack(out), native, stream=stream,
+               band_m=band_m, tile_n=tile_n, pingpong=pingpong, reduce_ctas=reduce_ctas)

@@ -22,8 +22,8 @@ from interlace import _interlace as _C
 from interlace._group import native as _native
 
 # The custom-call target names; the handlers register under these for platform "CUDA".
-TARGETS = ("interlace_all_gather", "interlace_gemm", "interlace_ag_gemm", "interlace_reduce_scatter",
-           "interlace_all_reduce")
+TARGETS = ("interlace_all_gather", "interlace_gemm", "interlace_ag_gemm", "interlace_gemm_rs", "interlace_gemm_ar",
+           "interlace_reduce_scatter", "interlace_all_reduce")
 
 # all_reduce's algorithm names, as interlace.all_reduce takes them (ReduceAlgorithm's values).
 _REDUCE_ALGORITHMS = {"auto": 0, "one_shot": 2, "two_shot": 3}
@@ -95,6 +95,33 @@ def gemm(a, b, *, band_m=0, tile_n=0, cluster_m=0, pingpong=True) -> "_jax.Array
     call = _jax.ffi.ffi_call("interlace_gemm", _jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), a.dtype))
     return call(a, b, band_m=_np.int64(band_m), tile_n=_np.int64(tile_n), cluster_m=_np.int64(cluster_m),
                 pingpong=_np.int64(bool(pingpong)))
+
+
+def gemm_rs(a, b, group, *, shard_rows=None, band_m=0, tile_n=0, pingpong=True, reduce_ctas=0) -> "_jax.Array":
+    """This rank's rows of the sum over ranks of a[M, K_r] @ b[K_r, N] (K split across ranks), in one
+    launch. shard_rows: every rank's output rows, the same list on every rank (default: even blocks).
+    Tuning as in interlace.gemm_rs. A draft, not yet run on a GPU."""
+    _register()
+    handle = _group_handle(group)
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"interlace.jax.gemm_rs: a and b must be 2-D, got shapes {a.shape} and {b.shape}")
+    rows = [] if shard_rows is None else [int(r) for r in shard_rows]
+    mine = rows[group.rank] if rows else a.shape[0] // group.world_size
+    call = _jax.ffi.ffi_call("interlace_gemm_rs", _jax.ShapeDtypeStruct((mine, b.shape[1]), a.dtype))
+    return call(a, b, group=handle, shard_rows=_np.asarray(rows, dtype=_np.int64), band_m=_np.int64(band_m),
+                tile_n=_np.int64(tile_n), pingpong=_np.int64(bool(pingpong)), reduce_ctas=_np.int64(reduce_ctas))
+
+
+def gemm_ar(a, b, group, *, band_m=0, tile_n=0, pingpong=True, reduce_ctas=0) -> "_jax.Array":
+    """The sum over ranks of a[M, K_r] @ b[K_r, N] (K split across ranks) on every rank, in one launch.
+    Tuning as in interlace.gemm_ar. A draft, not yet run on a GPU."""
+    _register()
+    handle = _group_handle(group)
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"interlace.jax.gemm_ar: a and b must be 2-D, got shapes {a.shape} and {b.shape}")
+    call = _jax.ffi.ffi_call("interlace_gemm_ar", _jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), a.dtype))
+    return call(a, b, group=handle, band_m=_np.int64(band_m), tile_n=_np.int64(tile_n),
+                pingpong=_np.int64(bool(pingpong)), reduce_ctas=_np.int64(reduce_ctas))
 
 
 def ag_gemm(a_shard, b, group, *, shard_rows=None, chunk_rows=0, band_m=0, tile_n=0, pingpong=True) -> "_jax.Array":

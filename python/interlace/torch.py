@@ -8,6 +8,8 @@ models that call them, and CUDA graphs (mode="reduce-overhead") replay them.
     c = itorch.gemm(a, b)                    # a @ b on interlace's engine
     y = itorch.ag_gemm(x, w.t(), group)      # all_gather(x) @ w.t() in one launch
     s = itorch.all_reduce(x, group)          # also itorch.reduce_scatter(x, group)
+    y = itorch.gemm_rs(x, w.t(), group)      # this rank's rows of sum(x @ w.t()); gemm_ar: all rows
+    col = itorch.ColumnParallelLinear(4096, 14336, group)  # tensor-parallel layers (torch_layers.py)
 
 Custom ops take tensors and scalars, not Python objects: a group crosses torch.library as its
 integer handle (group.handle), and the op finds the group again by it. group.handle is a plain int
@@ -175,6 +177,82 @@ def ag_gemm(a_shard: _torch.Tensor, b: _torch.Tensor, group, *, shard_rows=None,
     return (out, gathered) if gathered is not None else out
 
 
+def _gemm_rs_rows(a, shard_rows, rank, world_size):
+    return shard_rows[rank] if shard_rows else a.shape[0] // world_size
+
+
+@_torch.library.custom_op("interlace::gemm_rs_into", mutates_args=("out",), device_types="cuda")
+def _gemm_rs_into(out: _torch.Tensor, a: _torch.Tensor, b: _torch.Tensor, group: int,
+                  shard_rows: list[int] | None) -> None:
+    _interlace.gemm_rs(a, b, out, _group.by_handle(group), shard_rows=shard_rows)
+
+
+@_gemm_rs_into.register_fake
+def _(out, a, b, group, shard_rows):
+    return None
+
+
+@_torch.library.custom_op("interlace::gemm_rs", mutates_args=(), device_types="cuda")
+def _gemm_rs(a: _torch.Tensor, b: _torch.Tensor, group: int, shard_rows: list[int] | None, rank: int,
+             world_size: int) -> _torch.Tensor:
+    out = a.new_empty((_gemm_rs_rows(a, shard_rows, rank, world_size), b.shape[1]))
+    _interlace.gemm_rs(a, b, out, _group.by_handle(group), shard_rows=shard_rows)
+    return out
+
+
+@_gemm_rs.register_fake
+def _(a, b, group, shard_rows, rank, world_size):
+    _torch._check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0],
+                  lambda: f"interlace.gemm_rs: a {tuple(a.shape)} and b {tuple(b.shape)} do not multiply")
+    return a.new_empty((_gemm_rs_rows(a, shard_rows, rank, world_size), b.shape[1]))
+
+
+@_torch.library.custom_op("interlace::gemm_ar_into", mutates_args=("out",), device_types="cuda")
+def _gemm_ar_into(out: _torch.Tensor, a: _torch.Tensor, b: _torch.Tensor, group: int) -> None:
+    _interlace.gemm_ar(a, b, out, _group.by_handle(group))
+
+
+@_gemm_ar_into.register_fake
+def _(out, a, b, group):
+    return None
+
+
+@_torch.library.custom_op("interlace::gemm_ar", mutates_args=(), device_types="cuda")
+def _gemm_ar(a: _torch.Tensor, b: _torch.Tensor, group: int) -> _torch.Tensor:
+    out = a.new_empty((a.shape[0], b.shape[1]))
+    _interlace.gemm_ar(a, b, out, _group.by_handle(group))
+    return out
+
+
+@_gemm_ar.register_fake
+def _(a, b, group):
+    _torch._check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0],
+                  lambda: f"interlace.gemm_ar: a {tuple(a.shape)} and b {tuple(b.shape)} do not multiply")
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+def gemm_rs(a: _torch.Tensor, b: _torch.Tensor, group, *, shard_rows=None, out: _torch.Tensor = None):
+    """This rank's rows of the sum over ranks of a @ b (K split across ranks) in one launch (see
+    interlace.gemm_rs; a draft, not yet run on a GPU), as torch.ops.interlace.gemm_rs (a new tensor)
+    or, with out=, torch.ops.interlace.gemm_rs_into (returns out). shard_rows: every rank's output
+    rows, for uneven blocks."""
+    rows = None if shard_rows is None else [int(r) for r in shard_rows]
+    if out is None:
+        return _torch.ops.interlace.gemm_rs(a, b, group.handle, rows, group.rank, group.world_size)
+    _torch.ops.interlace.gemm_rs_into(out, a, b, group.handle, rows)
+    return out
+
+
+def gemm_ar(a: _torch.Tensor, b: _torch.Tensor, group, *, out: _torch.Tensor = None):
+    """The sum over ranks of a @ b (K split across ranks) on every rank, in one launch (see
+    interlace.gemm_ar; a draft, not yet run on a GPU), as torch.ops.interlace.gemm_ar (a new tensor)
+    or, with out=, torch.ops.interlace.gemm_ar_into (returns out)."""
+    if out is None:
+        return _torch.ops.interlace.gemm_ar(a, b, group.handle)
+    _torch.ops.interlace.gemm_ar_into(out, a, b, group.handle)
+    return out
+
+
 def all_gather(inp: _torch.Tensor, group, *, out: _torch.Tensor = None) -> _torch.Tensor:
     """Every rank's inp concatenated along dim 0, as torch.ops.interlace.all_gather (a new tensor)
     or, with out=, torch.ops.interlace.all_gather_into (returns out). See interlace.all_gather."""
@@ -265,3 +343,6 @@ def empty(group, shape, dtype=_torch.bfloat16) -> _torch.Tensor:
 def peer(group, tensor: _torch.Tensor, rank: int) -> _torch.Tensor:
     """`tensor` (symmetric) as it lies on `rank` of this node, mapped over NVLink."""
     return _torch.from_dlpack(group.peer(tensor, rank))
+
+
+from interlace.torch_layers import ColumnParallelLinear, RowParallelLinear  # noqa: E402,F401 (after the ops they use)

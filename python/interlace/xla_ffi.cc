@@ -122,6 +122,30 @@ ffi::Error ag_gemm_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a_sh
   });
 }
 
+// gemm_rs and gemm_ar: drafts, never run on a GPU.
+ffi::Error gemm_rs_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                        ffi::Result<ffi::AnyBuffer> out, int64_t group, ffi::Span<const int64_t> shard_rows,
+                        int64_t band_m, int64_t tile_n, int64_t pingpong, int64_t reduce_ctas) {
+  return guarded([&] {
+    std::shared_ptr<Group> g = group_by_handle(group);
+    std::vector<int64_t> rows(shard_rows.begin(), shard_rows.end());
+    gemm_rs(*g, view_of(a, device), view_of(b, device), view_of(*out, device), rows, stream,
+            GemmRsTuning{static_cast<int>(band_m), static_cast<int>(tile_n), pingpong != 0,
+                         static_cast<int>(reduce_ctas)});
+  });
+}
+
+ffi::Error gemm_ar_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                        ffi::Result<ffi::AnyBuffer> out, int64_t group, int64_t band_m, int64_t tile_n,
+                        int64_t pingpong, int64_t reduce_ctas) {
+  return guarded([&] {
+    std::shared_ptr<Group> g = group_by_handle(group);
+    gemm_ar(*g, view_of(a, device), view_of(b, device), view_of(*out, device), stream,
+            GemmRsTuning{static_cast<int>(band_m), static_cast<int>(tile_n), pingpong != 0,
+                         static_cast<int>(reduce_ctas)});
+  });
+}
+
 // reduce_scatter and all_reduce: XLA's input buffer is never the output (ffi_call aliases nothing),
 // so all_reduce runs out of place here.
 ffi::Error reduce_scatter_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
@@ -192,6 +216,29 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_ag_gemm, interlace::ag_gemm_impl,
                                   .Attr<int64_t>("tile_n")
                                   .Attr<int64_t>("pingpong"));
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_gemm_rs, interlace::gemm_rs_impl,
+                              bind_on_stream()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("group")
+                                  .Attr<xla::ffi::Span<const int64_t>>("shard_rows")
+                                  .Attr<int64_t>("band_m")
+                                  .Attr<int64_t>("tile_n")
+                                  .Attr<int64_t>("pingpong")
+                                  .Attr<int64_t>("reduce_ctas"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_gemm_ar, interlace::gemm_ar_impl,
+                              bind_on_stream()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("group")
+                                  .Attr<int64_t>("band_m")
+                                  .Attr<int64_t>("tile_n")
+                                  .Attr<int64_t>("pingpong")
+                                  .Attr<int64_t>("reduce_ctas"));
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_reduce_scatter, interlace::reduce_scatter_impl, bind_collective());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_all_reduce, interlace::all_reduce_impl,
@@ -211,6 +258,8 @@ void register_xla_ffi(nb::module_& m) {
     d["interlace_all_gather"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_all_gather));
     d["interlace_gemm"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_gemm));
     d["interlace_ag_gemm"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_ag_gemm));
+    d["interlace_gemm_rs"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_gemm_rs));
+    d["interlace_gemm_ar"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_gemm_ar));
     d["interlace_reduce_scatter"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_reduce_scatter));
     d["interlace_all_reduce"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_all_reduce));
     return d;

@@ -560,3 +560,20 @@ TEST(GemmRsPath, BadArgumentsRaise) {
 
 }  // namespace
 }  // namespace interlace
+
+namespace interlace {
+namespace {
+
+TEST(GemmRsReduceCtas, DefaultFitsAndRequestsAreChecked) {
+  EXPECT_EQ(gemm_rs_reduce_ctas(132, 2, 0), kGemmRsReduceCtas);
+  EXPECT_EQ(gemm_rs_reduce_ctas(6, 2, 0), 4);  // a small GPU keeps one computing cluster
+  EXPECT_EQ(gemm_rs_reduce_ctas(132, 2, 2), 2);
+  EXPECT_EQ(gemm_rs_reduce_ctas(132, 2, 130), 130);
+  EXPECT_THROW(gemm_rs_reduce_ctas(132, 2, 3), Error);    // not whole clusters
+  EXPECT_THROW(gemm_rs_reduce_ctas(132, 2, 132), Error);  // nothing left to compute
+  EXPECT_THROW(gemm_rs_reduce_ctas(132, 2, -2), Error);
+  EXPECT_THROW(gemm_rs_reduce_ctas(3, 2, 0), Error);      // no room for a reducer beside a cluster
+}
+
+}  // namespace
+}  // namespace interlace

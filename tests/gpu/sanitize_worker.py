@@ -41,5 +41,25 @@ full = torch.cat(shards)
 assert torch.equal(gathered, full), "ag_gemm's gathered A"
 ref = full.float() @ b.float()
 assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2, "ag_gemm"
+# gemm_rs and gemm_ar (drafts: last, so that a failure here leaves the ops above checked): uneven row
+# blocks (one of 1 row), a tile row spanning both, N with a short last column group, uneven K.
+rows = [1 if q == 0 else 130 for q in range(WORLD)]
+m, n, ks = sum(rows), 12, [64 if q % 2 == 0 else 8 for q in range(WORLD)]
+a_of = [torch.full((m, ks[q]), (q + 1) / 8, dtype=torch.bfloat16, device="cuda") for q in range(WORLD)]
+w_of = [torch.randn(n, ks[q], generator=torch.Generator(device="cuda").manual_seed(q), device="cuda")
+        .to(torch.bfloat16) for q in range(WORLD)]
+ref = sum(a_of[q].float() @ w_of[q].float().t() for q in range(WORLD))
+start = sum(rows[:RANK])
+out = torch.empty(rows[RANK], 16, device="cuda", dtype=torch.bfloat16)[:, :n]
+interlace.gemm_rs(a_of[RANK], w_of[RANK].t(), out, group, shard_rows=rows)
+torch.cuda.synchronize()
+group.check()
+mine = ref[start:start + rows[RANK]]
+assert ((out.float() - mine).norm() / mine.norm()).item() < 1e-2, "gemm_rs"
+out = torch.empty(m, 16, device="cuda", dtype=torch.bfloat16)[:, :n]
+interlace.gemm_ar(a_of[RANK], w_of[RANK].t(), out, group)
+torch.cuda.synchronize()
+group.check()
+assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2, "gemm_ar"
 group.barrier()
 print(f"rank {RANK}: sanitizer workload correct")

@@ -1,5 +1,5 @@
 """interlace.jax on the CPU: the XLA FFI handlers exist in the native module, and jax.jit of
-functions calling interlace.jax.all_gather, gemm, ag_gemm, reduce_scatter and all_reduce traces and lowers, for the CUDA
+functions calling interlace.jax.all_gather, gemm, ag_gemm, gemm_rs, gemm_ar, reduce_scatter and all_reduce traces and lowers, for the CUDA
 platform, to stablehlo.custom_call ops with interlace's target names, attributes and result shapes.
 Lowering for CUDA needs no GPU and no CUDA plugin; running the calls does (tests/gpu/test_jax_ffi_gpu.py).
 
@@ -84,6 +84,24 @@ def test_all_gather_lowers_to_custom_call(group):
     assert result == f"tensor<{WORLD * 128}x256xbf16>"
     assert f"group = {group.handle} : i64" in attrs and "num_blocks = 8 : i64" in attrs
     assert group.registered == [(group.handle, "native stand-in")]
+
+
+def test_gemm_rs_and_gemm_ar_lower_to_custom_calls(group):
+    text = lower_cuda(lambda x, w: ij.gemm_rs(x, w, group), sds((512, 64)), sds((64, 384)))
+    [(target, attrs, result)] = custom_calls(text)
+    assert target == "interlace_gemm_rs"
+    assert result == f"tensor<{512 // WORLD}x384xbf16>"
+    assert f"group = {group.handle} : i64" in attrs and "reduce_ctas = 0 : i64" in attrs
+    rows = [100, 156, 128, 128]  # rank 0's block is 100 rows
+    text = lower_cuda(lambda x, w: ij.gemm_rs(x, w, group, shard_rows=rows), sds((512, 64)), sds((64, 384)))
+    [(_, attrs, result)] = custom_calls(text)
+    assert result == "tensor<100x384xbf16>"
+    assert "shard_rows = dense<[100, 156, 128, 128]> : tensor<4xi64>" in attrs
+    text = lower_cuda(lambda x, w: ij.gemm_ar(x, w, group, pingpong=False), sds((512, 64)), sds((64, 384)))
+    [(target, attrs, result)] = custom_calls(text)
+    assert target == "interlace_gemm_ar"
+    assert result == "tensor<512x384xbf16>"
+    assert "pingpong = 0 : i64" in attrs
 
 
 def test_ag_gemm_lowers_to_custom_call(group):

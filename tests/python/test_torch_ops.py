@@ -128,6 +128,41 @@ def test_fake_implementations_give_the_output_shapes(group):
             itorch.ag_gemm(shard, torch.empty(15, 24, dtype=torch.bfloat16), group)
 
 
+def test_gemm_rs_and_gemm_ar_fakes_give_the_output_shapes(group):
+    schemas = {name: str(getattr(torch.ops.interlace, name).default._schema)
+               for name in ("gemm_rs", "gemm_rs_into", "gemm_ar", "gemm_ar_into")}
+    assert "Tensor(a0!) out" in schemas["gemm_rs_into"] and "Tensor(a0!) out" in schemas["gemm_ar_into"], schemas
+    assert schemas["gemm_rs"].endswith("-> Tensor") and schemas["gemm_ar"].endswith("-> Tensor"), schemas
+    with FakeTensorMode():
+        a, w = torch.empty(12, 16, dtype=torch.bfloat16), torch.empty(24, 16, dtype=torch.bfloat16)
+        y = itorch.gemm_rs(a, w.t(), group)  # rank 0 of WORLD, even blocks
+        assert y.shape == (12 // WORLD, 24) and y.dtype == torch.bfloat16
+        assert itorch.gemm_rs(a, w.t(), group, shard_rows=[5, 0, 7, 0]).shape == (5, 24)
+        assert itorch.gemm_ar(a, w.t(), group).shape == (12, 24)
+        with pytest.raises(Exception, match="do not multiply"):
+            itorch.gemm_rs(a, torch.empty(15, 24, dtype=torch.bfloat16), group)
+        with pytest.raises(Exception, match="do not multiply"):
+            itorch.gemm_ar(a, torch.empty(15, 24, dtype=torch.bfloat16), group)
+
+
+def test_gemm_rs_and_gemm_ar_trace_without_graph_breaks(group):
+    graphs = []
+
+    def capture(gm, example_inputs):  # records the graph; never runs the ops (no GPU here)
+        graphs.append(gm)
+        return lambda *args: (torch.empty(8 // WORLD, 16, dtype=torch.bfloat16),)
+
+    def f(x, w):  # a row-parallel layer, then one whose sum every rank needs
+        return itorch.gemm_ar(torch.relu(itorch.gemm_rs(x, w.t(), group)), w.t(), group)
+
+    torch.compile(f, fullgraph=True, backend=capture)(torch.empty(8, 16, dtype=torch.bfloat16),
+                                                      torch.empty(16, 16, dtype=torch.bfloat16))
+    assert len(graphs) == 1
+    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert any("interlace.gemm_rs" in t for t in targets), targets
+    assert any("interlace.gemm_ar" in t for t in targets), targets
+
+
 class TensorParallelBlock(torch.nn.Module):
     """What a column-parallel layer does: gather the sequence shards, then multiply."""
 

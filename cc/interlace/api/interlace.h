@@ -16,6 +16,8 @@
 #include "interlace/ops/ag_gemm/launch.h"
 #include "interlace/ops/all_gather/launch.h"
 #include "interlace/ops/all_gather/plan.h"
+#include "interlace/ops/gemm_ar/launch.h"
+#include "interlace/ops/gemm_rs/launch.h"
 #include "interlace/ops/reduce/launch.h"
 #include "interlace/ops/reduce/plan.h"
 #include "interlace/runtime/group.h"

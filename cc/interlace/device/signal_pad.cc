@@ -8,6 +8,8 @@ const char* op_name(OpId op) {
     case OpId::kAgGemm: return "ag_gemm";
     case OpId::kReduceScatter: return "reduce_scatter";
     case OpId::kAllReduce: return "all_reduce";
+    case OpId::kGemmRs: return "gemm_rs";
+    case OpId::kGemmAr: return "gemm_ar";
     case OpId::kCancel: return "a cancelled call";
     default: return "unknown op";
   }

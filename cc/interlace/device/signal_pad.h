@@ -19,7 +19,16 @@ constexpr int kMaxLocalRanks = 72;
 constexpr int kMaxBlocks = 1024;
 
 // Ops with flags come first, one region of the signal pad each (kNumOpRegions).
-enum class OpId : int32_t { kNone = 0, kAllGather = 1, kAgGemm = 2, kReduceScatter = 3, kAllReduce = 4, kCancel = 5 };
+enum class OpId : int32_t {
+  kNone = 0,
+  kAllGather = 1,
+  kAgGemm = 2,
+  kReduceScatter = 3,
+  kAllReduce = 4,
+  kGemmRs = 5,
+  kGemmAr = 6,
+  kCancel = 7,
+};
 enum class FlagId : int32_t { kNone = 0, kHello = 1, kDone = 2, kGate = 3, kChunk = 4, kPartial = 5, kReduced = 6 };
 
 // The handshake every op kernel makes on entry (device/op_sequence.cuh). Ops of a group run one
@@ -47,8 +56,8 @@ struct OpSignals {
 
 constexpr uint64_t kOpRegionBytes = uint64_t{1} << 20;
 // One region per op kind with flags: OpIds 1 .. kNumOpRegions (kAllGather, kAgGemm, kReduceScatter,
-// kAllReduce). Grows with the ops.
-constexpr int kNumOpRegions = 4;
+// kAllReduce, kGemmRs, kGemmAr). Grows with the ops.
+constexpr int kNumOpRegions = 6;
 
 struct SignalPad {
   OpSignals ops;

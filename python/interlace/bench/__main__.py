@@ -1,4 +1,4 @@
-"""python -m interlace.bench {all_gather,gemm,ag_gemm,reduce_scatter,all_reduce,overhead} [--world_size N]
+"""python -m interlace.bench {all_gather,gemm,ag_gemm,gemm_rs,gemm_ar,reduce_scatter,all_reduce,overhead} [--world_size N]
     [--out_dir bench/results] ...
 
 Starts one process per local GPU, checks each op against its baselines, times everything in the
@@ -15,17 +15,18 @@ FLAGS = flags.FLAGS
 flags.DEFINE_integer("world_size", 0, "processes (GPUs); 0 = every visible GPU")
 flags.DEFINE_string("out_dir", "bench/results", "where the JSON and the plot go")
 flags.DEFINE_list("sizes", [], "all_gather, reduce_scatter, all_reduce: bytes per rank (suffixes K, M, G allowed); "
-                  "ag_gemm: global MxKxN, or M (its sweeps' K and N); default: the op's sweep")
+                  "ag_gemm, gemm_rs, gemm_ar: global MxKxN, or M (its sweeps' K and N); default: the op's sweep")
 flags.DEFINE_integer("warmup", 0, "untimed launches before timing (0: the op's default)")
 flags.DEFINE_integer("iters", 0, "timed launches; the median is reported (0: the op's default)")
 flags.DEFINE_list("tunings", [], "interlace settings to time besides the automatic ones; all_gather, "
                   "reduce_scatter, all_reduce: num_blocks:chunk_bytes, gemm: band_m:tile_n:cluster_m, ag_gemm: "
-                  "copy_blocks:chunk_rows[:path]")
+                  "copy_blocks:chunk_rows[:path], gemm_rs and gemm_ar: reduce_ctas:tile_n:band_m:pingpong")
 flags.DEFINE_integer("timeout_s", 900, "give up on the run after this long")
 
 # op -> (worker module, whether it runs one process per GPU or a single one)
 OPS = {"all_gather": ("interlace.bench.all_gather", True), "gemm": ("interlace.bench.gemm", False),
-       "ag_gemm": ("interlace.bench.ag_gemm", True), "reduce_scatter": ("interlace.bench.reduce_scatter", True),
+       "ag_gemm": ("interlace.bench.ag_gemm", True), "gemm_rs": ("interlace.bench.gemm_rs", True),
+       "gemm_ar": ("interlace.bench.gemm_ar", True), "reduce_scatter": ("interlace.bench.reduce_scatter", True),
        "all_reduce": ("interlace.bench.all_reduce", True), "overhead": ("interlace.bench.overhead", True)}
 
 

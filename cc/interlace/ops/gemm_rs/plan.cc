@@ -81,6 +81,16 @@ GemmRsPlan make_gemm_rs_plan(const GemmRsRows& rows, int64_t n, int tile_n, Gemm
   return p;
 }
 
+int gemm_rs_reduce_ctas(int ctas, int cluster, int requested) {
+  IL_CHECK(cluster >= 1 && ctas >= 2 * cluster, "gemm_rs: ", ctas, " resident CTAs leave no room for reducers beside ",
+           "a computing cluster of ", cluster);
+  IL_CHECK(requested >= 0, "gemm_rs: reduce_ctas must be >= 0 (0: automatic), got ", requested);
+  if (requested == 0) return std::min(kGemmRsReduceCtas, (ctas - cluster) / cluster * cluster);
+  IL_CHECK(requested % cluster == 0 && requested <= ctas - cluster, "gemm_rs: reduce_ctas=", requested,
+           " must be a multiple of ", cluster, " and leave a cluster of the ", ctas, " resident CTAs to compute");
+  return requested;
+}
+
 GemmRsPath choose_gemm_rs_path(int64_t m, int64_t n, int64_t k, int world, GemmRsKind kind, GemmRsPartials partials,
                                int num_sms, int tile_n, GemmRsPathRule rule) {
   IL_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm_rs: bad shape (m ", m, ", n ", n, ", k ", k, ")");

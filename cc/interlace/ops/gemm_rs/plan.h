@@ -1,6 +1,7 @@
 // Host and device plan of gemm_rs and gemm_ar (issue 9: fused GEMM+ReduceScatter and GEMM+AllReduce).
-// Groundwork: the kernels that execute it come later; everything here is CPU-tested
-// (tests/cc/gemm_rs_plan_test.cc). The standalone reduce_scatter and all_reduce: ops/reduce/.
+// Everything here is CPU-tested (tests/cc/gemm_rs_plan_test.cc). The kernel (kernel.cuh, a draft
+// never run on a GPU) runs gemm_rs and both gemm_ar paths with fp32 partials; partials in the input
+// dtype are the plan's only. The standalone reduce_scatter and all_reduce: ops/reduce/.
 //
 // K is split across ranks, so every rank computes a partial of EVERY output tile. Rank r owns the
 // output rows [start[r], start[r + 1]) (uneven blocks, empty ones allowed); each partial tile goes to
@@ -148,6 +149,14 @@ GemmRsPlan make_gemm_rs_plan(const GemmRsRows& rows, int64_t n, int tile_n, Gemm
 // The tile rows in the producing GEMM's order: slot by slot, ascending within a slot. Host
 // reference; GemmRsOrder walks the same order in closed form.
 std::vector<int32_t> gemm_rs_tile_row_order(const GemmRsRows& rows);
+
+// The reducers: CTAs set aside from the GEMM (the engine's SM budget, GemmParams::copy_ctas) that sum
+// the tiles this rank owns as their partials land. A multiple of the cluster size leaving at least one
+// cluster of the `ctas` resident CTAs to compute; requested 0 means kGemmRsReduceCtas (or fewer on a
+// small GPU). 8 is a starting point, not a measurement: each reducer reads world x 64 KiB and writes
+// 32 KiB per 128 x 128 tile from local memory.
+constexpr int kGemmRsReduceCtas = 8;
+int gemm_rs_reduce_ctas(int ctas, int cluster, int requested);
 
 // Path rule, a starting point to be tuned on the GPU: its numbers are placeholders, not measurements.
 struct GemmRsPathRule {

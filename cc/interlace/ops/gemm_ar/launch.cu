@@ -1,0 +1,108 @@
+// gemm_ar: gemm_rs's kernel (ops/gemm_rs/kernel.cuh) on one of two paths (choose_gemm_rs_path):
+//   throughput  owners of whole 128-row tile rows (gemm_ar_rows_per_rank) whose reducers also push
+//               each reduced tile to every rank's landing tiles, from which every rank's reducers
+//               copy the other owners' tiles into out;
+//   one-shot    (decode: small M, one wave of tiles, a small push) every rank's epilogue pushes every
+//               tile's partial to every rank, and every rank's reducers sum all of out: no second hop.
+// Both add the same fp32 values in the same order: the same bits on every rank and either path.
+// DRAFT, never run on a GPU.
+#include "interlace/ops/gemm_ar/launch.h"
+
+#include <string>
+
+#include "interlace/base/cuda.h"
+#include "interlace/gemm/args.h"
+#include "interlace/gemm/tile_plan.h"
+#include "interlace/ops/gemm_rs/engine.cuh"
+#include "interlace/ops/gemm_rs/plan.h"
+#include "interlace/runtime/op_call.h"
+
+namespace interlace {
+
+using detail::concat;
+using namespace gemm_rs_launch;
+
+void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const TensorView& out, cudaStream_t stream,
+             GemmRsTuning tuning) {
+  OpCall call(group, OpId::kGemmAr, stream);
+  const Topology& topo = group.topology();
+  SymmetricHeap& heap = group.heap();
+  Launch l;
+  int tile_n = 0;
+  const uint64_t signature = call.agree([&] {
+    // Everything that can fail is checked here, before any GPU work, so that every rank raises.
+    IL_CHECK(topo.num_nodes == 1, "gemm_ar: the group spans ", topo.num_nodes,
+             " nodes; across nodes it needs the proxy transport, which is not built yet");
+    int major = 0, minor = 0;
+    IL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, group.device()));
+    IL_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, group.device()));
+    IL_CHECK(major == 9 && minor == 0, "gemm_ar: the engine needs a Hopper GPU (sm_90), this is sm_", major, minor);
+    IL_CHECK(topo.world_size <= kGemmRsMaxRanks, "gemm_ar: at most ", kGemmRsMaxRanks, " ranks");
+    // out is the whole [M, N], so the plain GEMM's checks apply as they are.
+    l.problem = check_gemm_args(a, b, out, group.device());
+    const int me = topo.local_rank;
+    const int64_t m = l.problem.m, n = l.problem.n, k = l.problem.k;
+    tile_n = checked_tile_n("gemm_ar", tuning, m, n, group.num_sms());
+    const int band_m = band_m_for(tuning, tile_n);
+    // Who reduces what is the plan's choice: whole, balanced tile rows, one owner per tile.
+    const std::vector<int64_t> rows = gemm_ar_rows_per_rank(m, topo.world_size, kGemmRsTileM);
+    const GemmRsRows tile_rows = make_gemm_rs_rows(rows, me, kGemmRsTileM);
+    const GemmRsRows cluster_rows = make_gemm_rs_rows(rows, me, kGemmRsClusterTileM);
+    GemmRsShared& s = l.shared;
+    // fp32 partials only, as gemm_rs.
+    const GemmRsPath path = choose_gemm_rs_path(m, n, k, topo.world_size, GemmRsKind::kAllReduce,
+                                                GemmRsPartials::kFp32, group.num_sms(), tile_n);
+    s.plan = make_gemm_rs_plan(tile_rows, n, tile_n, GemmRsKind::kAllReduce, path, GemmRsPartials::kFp32, 2 * band_m);
+    const TileGrid grid = tile_grid(m, n, kGemmRsClusterTileM, tile_n);
+    with_variant<OpId::kGemmAr>(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
+                                [&](auto v) { l.ctas = resident_ctas<decltype(v)>(group.device(), group.num_sms()); });
+    l.reduce_ctas = gemm_rs_reduce_ctas(l.ctas, kClusterM, tuning.reduce_ctas);
+    l.num_tiles = k == 0 ? 0 : grid.num_tiles();
+    l.order = GemmRsOrder::make(cluster_rows, grid.tiles_n, band_m);
+
+    // Scratch, at the same heap offset on every rank (part of the signature): the partials' staging,
+    // then, on the throughput path, a landing tile of the output type for every output tile.
+    const uint64_t staging_bytes = (s.plan.staging_bytes + 255) / 256 * 256;
+    const int32_t all_tiles = tile_rows.tiles_m() * s.plan.tiles_n;
+    const int32_t landing_tiles = s.plan.broadcast ? all_tiles : 0;
+    const uint64_t landing_bytes = landing_offset(s.plan, 0, landing_tiles, 2);  // where a tile past the last would go
+    const size_t scratch = staging_bytes + landing_bytes == 0
+                               ? 0
+                               : group.scratch(staging_bytes + landing_bytes,
+                                               "gemm_ar's staging (fp32 partials of the tiles this rank owns, from "
+                                               "every rank) and landing tiles (all of out); grow the heap, or split "
+                                               "the call along M or N",
+                                               call.capturing());
+    for (int q = 0; q < topo.local_size(); ++q) s.transport.heaps[q] = heap.base(q);
+    s.transport.local_rank = me;
+    s.transport.local_size = topo.local_size();
+    s.wait = device::WaitContext{topo.rank, OpId::kGemmAr, heap.pad(me), group.device_control(), group.timeout_ns()};
+    s.staging = scratch;
+    s.landing = scratch + staging_bytes;
+    s.out = out.data;
+    s.ldo = l.problem.ldc;
+    s.out_first_row = 0;
+    s.n = static_cast<int32_t>(n);
+    s.reduce_tiles = k == 0 ? 0 : s.plan.reduced_rows(me) * s.plan.tiles_n;
+    s.landing_tiles = k == 0 ? 0 : landing_tiles;
+    l.a = a.data;
+    l.b = b.data;
+    l.dummy = heap.local_base();  // the signal pad
+    // K_r is this rank's own; only whether it is 0 must agree (a rank with none sends no partials).
+    return concat("gemm_ar(m=", m, ", n=", n, ", k_r>0=", k > 0, ", dtype=", a.dtype_name(), ", path=",
+                  static_cast<int>(path), ", scratch=", scratch,
+                  ", tile_n=", tile_n, ", band_m=", band_m, ", pingpong=", tuning.pingpong,
+                  ", reduce_ctas=", l.reduce_ctas, ")");
+  });
+  l.shared.signature = signature;
+  call.launch([&](cudaStream_t s) {
+    // K = 0 everywhere: an empty sum; the kernel still runs, for its place in the op sequence.
+    if (l.problem.k == 0 && l.problem.m > 0 && l.problem.n > 0) {
+      IL_CUDA_CHECK(cudaMemset2DAsync(out.data, l.shared.ldo * 2, 0, l.problem.n * 2, l.problem.m, s));
+    }
+    with_variant<OpId::kGemmAr>(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
+                                [&](auto v) { launch<decltype(v)>(l, s); });
+  });
+}
+
+}  // namespace interlace

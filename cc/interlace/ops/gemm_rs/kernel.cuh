@@ -1,0 +1,310 @@
+// gemm_rs and gemm_ar over NVLink: out = this rank's rows (gemm_rs) or all rows (gemm_ar) of the sum
+// over ranks of a_r @ b_r, in one launch of the GEMM engine. DRAFT: compiles, never run on a GPU (see
+// DESIGN.md, "gemm_rs").
+//
+// K is split across ranks, so every rank computes a partial of every output tile (plan.h). The
+// engine runs as a plain GEMM over [M, K_r] @ [K_r, N] in GemmRsOrder (owner rank + 1's rows first,
+// this rank's own last), with three hooks filled in:
+//   Phases::begin    the op handshake (device/op_sequence.cuh): peers run the same call, and their
+//                    previous op no longer reads the staging this rank's epilogue stores into;
+//   GemmRsEpilogue   instead of storing the tile to out, stores its fp32 partial into the staging
+//                    tile for (tile, this rank) of every owner whose rows the tile touches (this rank
+//                    included), then raises that staging tile's flag there to the call's op number;
+//   Phases::copy     the reducers: the last copy_ctas CTAs (the engine's SM budget) take this rank's
+//                    tiles in the plan's reduce order, wait for every sender's flag of a tile, sum the
+//                    world's partials in rank order in fp32 and round once into out;
+//                    gemm_ar, throughput path: the owner also stores each reduced tile into every
+//                    peer's landing tile for it and raises its reduced flag there; then the reducers
+//                    copy every other owner's tiles from this rank's landing tiles into out as they
+//                    land. gemm_ar, one-shot path (decode): every rank receives every partial and
+//                    sums all of out itself.
+// The GEMM CTAs never wait on anything but the handshake, so they always finish; the reducers wait,
+// bounded: a failed wait (abort, timeout) has recorded why and returns, and the call raises afterwards.
+#pragma once
+
+#include <cstdint>
+
+#include "cute/tensor.hpp"
+#include "cutlass/arch/barrier.h"
+#include "cutlass/array.h"
+#include "interlace/device/op_sequence.cuh"
+#include "interlace/device/transport.cuh"
+#include "interlace/ops/gemm_rs/flags.h"
+#include "interlace/ops/gemm_rs/plan.h"
+
+namespace interlace {
+
+// What the epilogue and the reducers share. Both hooks hold a copy (the engine passes each its own
+// parameters), which makes the kernel's parameters about 4 KiB: fine since CUDA 12.1 (32 KiB).
+struct GemmRsShared {
+  device::NvlinkTransport transport;
+  device::WaitContext wait;
+  uint64_t signature;    // the call's, for the op handshake
+  GemmRsPlan plan;       // rows in CTA tile rows (128); tile_n is the kernel's tile width
+  uint64_t staging;      // heap offset of the staging tiles, the same on every rank
+  void* out;             // gemm_rs: this rank's rows, [rows of this rank, n]; gemm_ar: [M, n]; row stride ldo
+  int64_t ldo;
+  int64_t out_first_row; // the output row that out's row 0 holds: start[me] (gemm_rs), 0 (gemm_ar)
+  uint64_t landing;      // gemm_ar: heap offset of the reduced tiles (landing_offset), the same on every rank
+  int32_t n;
+  int32_t reduce_tiles;  // tiles this rank sums: plan.reduced_rows(me) * tiles_n; 0 when K = 0
+  int32_t landing_tiles; // gemm_ar: every output tile (tiles_m * tiles_n; 0 when K = 0); gemm_rs: 0
+};
+
+// gemm_ar's landing tiles: tile (m_idx, n_idx)'s reduced values, 128 x tile_n elements of the output
+// type, row-major, tile-major over the whole output.
+IL_HOST_DEVICE inline uint64_t landing_offset(const GemmRsPlan& plan, int32_t m_idx, int32_t n_idx, int element_bytes) {
+  return (static_cast<uint64_t>(m_idx) * plan.tiles_n + n_idx) * plan.rows.tile_m * plan.tile_n * element_bytes;
+}
+
+namespace gemm_rs_detail {
+
+// kOp: kGemmRs or kGemmAr, whose region of the pad the flags live in.
+template <OpId kOp>
+__device__ __forceinline__ GemmRsFlags& flags(const device::NvlinkTransport& t) {
+  static_assert(kOp == OpId::kGemmRs || kOp == OpId::kGemmAr, "gemm_rs's flags serve gemm_rs and gemm_ar");
+  return *op_flags<GemmRsFlags, kOp>(t.my_pad());
+}
+
+// This call's op number. Valid between op_begin and op_end (the counter moves only when the last
+// CTA of the op is done).
+__device__ __forceinline__ uint64_t op_number(const device::NvlinkTransport& t) {
+  return *reinterpret_cast<const volatile uint64_t*>(&t.my_pad()->ops.completed) + 1;
+}
+
+// sum_in_rank_order (ops/reduce/plan.h) on four columns at once: partial 0 first, then += partial
+// 1, 2, ... in fp32, so that the bits are those of the standalone reductions' sums.
+__device__ __forceinline__ float4 sum4_in_rank_order(const float* first, uint64_t sender_stride, int32_t world) {
+  // __ldcg: L2 only. Peers wrote these over NVLink; the acquire on their flags is what makes them
+  // visible, and nothing should be served from this SM's L1.
+  float4 sum = __ldcg(reinterpret_cast<const float4*>(first));
+  for (int32_t s = 1; s < world; ++s) {
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(first + s * sender_stride));
+    sum.x += v.x;
+    sum.y += v.y;
+    sum.z += v.z;
+    sum.w += v.w;
+  }
+  return sum;
+}
+
+// Stores four sums (or the first `count` < 4 of them) at dst, rounded once to Element: 8 bytes when
+// whole (dst is then 8-byte aligned), else element by element, with no array (local memory).
+template <class Element>
+__device__ __forceinline__ void store4(Element* dst, const float4& sum, int32_t count) {
+  if (count >= 4) {
+    cutlass::AlignedArray<Element, 4> v;
+    v[0] = Element(sum.x);
+    v[1] = Element(sum.y);
+    v[2] = Element(sum.z);
+    v[3] = Element(sum.w);
+    *reinterpret_cast<cutlass::AlignedArray<Element, 4>*>(dst) = v;
+  } else {
+    dst[0] = Element(sum.x);
+    if (count > 1) dst[1] = Element(sum.y);
+    if (count > 2) dst[2] = Element(sum.z);
+  }
+}
+
+// The whole CTA: this rank's rows of tile (m_idx, n_idx) = the world's staged partials summed in rank
+// order, rounded once to Element, into out; with kAllReduce and plan.broadcast (gemm_ar's throughput
+// path) the same values also into every peer's landing tile for it. gemm_ar's one-shot path
+// (plan.every_rank_reduces): every rank sums every row of the tile itself. Four columns per thread
+// and step; a row's last group of fewer than four columns (N not a multiple of 4) goes element by
+// element.
+template <class Element, bool kAllReduce>
+__device__ __forceinline__ void reduce_tile(const GemmRsShared& p, int32_t m_idx, int32_t n_idx) {
+  const GemmRsPlan& plan = p.plan;
+  const RowBlocks& rows = plan.rows;
+  const int32_t me = rows.rank;
+  const int64_t tile_row0 = static_cast<int64_t>(m_idx) * rows.tile_m;
+  const int64_t lo = plan.every_rank_reduces ? tile_row0 : max(tile_row0, rows.start[me]);
+  const int64_t hi = min(tile_row0 + rows.tile_m, plan.every_rank_reduces ? rows.m() : rows.start[me + 1]);
+  const int32_t col0 = n_idx * plan.tile_n;
+  const int32_t cols = min(plan.tile_n, p.n - col0);
+  const int32_t groups = (cols + 3) / 4;
+  const float* staged = reinterpret_cast<const float*>(p.transport.heaps[me] + p.staging +
+                                                       plan.staging_offset(me, 0, m_idx, n_idx));
+  const uint64_t sender_stride = plan.tile_bytes / sizeof(float);  // a tile's senders lie one after another
+  Element* out = static_cast<Element*>(p.out);
+  const int64_t work = (hi - lo) * groups;
+  for (int64_t j = threadIdx.x; j < work; j += blockDim.x) {
+    const int64_t row = lo + j / groups;
+    const int32_t col = static_cast<int32_t>(j % groups) * 4;
+    const int64_t at = (row - tile_row0) * plan.tile_n + col;  // within a tile
+    const float4 sum = sum4_in_rank_order(staged + at, sender_stride, rows.world);
+    // out's rows start 16-byte aligned and col0 + col is a multiple of 4.
+    store4(out + (row - p.out_first_row) * p.ldo + col0 + col, sum, cols - col);
+    if (kAllReduce && plan.broadcast) {
+      const uint64_t tile = p.landing + landing_offset(plan, m_idx, n_idx, sizeof(Element));
+      for (int32_t k = 1; k < rows.world; ++k) {  // rank + 1 first, so that owners spread their stores
+        const int32_t q = (me + k) % rows.world;
+        store4(reinterpret_cast<Element*>(p.transport.heaps[q] + tile) + at, sum, cols - col);
+      }
+    }
+  }
+}
+
+// The whole CTA: out's rows of tile (m_idx, n_idx) from this rank's landing tile (gemm_ar: another
+// owner's reduced values), 16 bytes at a time where whole, then element by element.
+template <class Element>
+__device__ __forceinline__ void copy_landed_tile(const GemmRsShared& p, int32_t m_idx, int32_t n_idx) {
+  const GemmRsPlan& plan = p.plan;
+  const int64_t tile_row0 = static_cast<int64_t>(m_idx) * plan.rows.tile_m;
+  const int64_t rows = min(static_cast<int64_t>(plan.rows.tile_m), plan.rows.m() - tile_row0);
+  const int32_t col0 = n_idx * plan.tile_n;
+  const int32_t cols = min(plan.tile_n, p.n - col0);
+  const int32_t groups = (cols + 7) / 8;  // 8 elements: 16 bytes
+  const Element* tile = reinterpret_cast<const Element*>(p.transport.heaps[p.transport.local_rank] + p.landing +
+                                                         landing_offset(plan, m_idx, n_idx, sizeof(Element)));
+  Element* out = static_cast<Element*>(p.out);
+  for (int64_t j = threadIdx.x; j < rows * groups; j += blockDim.x) {
+    const int64_t row = j / groups;
+    const int32_t col = static_cast<int32_t>(j % groups) * 8;
+    const Element* src = tile + row * plan.tile_n + col;
+    Element* dst = out + (tile_row0 + row - p.out_first_row) * p.ldo + col0 + col;
+    if (col + 8 <= cols) {
+      *reinterpret_cast<uint4*>(dst) = __ldcg(reinterpret_cast<const uint4*>(src));
+    } else {
+      for (int32_t e = 0; e < cols - col; ++e) dst[e] = src[e];
+    }
+  }
+}
+
+}  // namespace gemm_rs_detail
+
+// Consumers, with a finished 128 x kTileN tile in registers: its fp32 partial goes, whole, into the
+// staging tile for (tile, this rank) of every owner of its rows, this rank included (rows outside an
+// owner's block land there unused, so the stores need no predicates: TMA filled rows and columns
+// past the problem with zeros). Then, once every consumer thread of the tile has stored (a named
+// barrier: one warpgroup in ping-pong, both in cooperative), one thread raises each owner's flag for
+// (tile, this rank) with a system fence and a release store (NvlinkTransport::signal).
+//
+// The stores are 8-byte column pairs straight from registers, over NVLink for peers. The issue's
+// design stages the tile in shared memory and pushes it with wide (or TMA bulk) stores; that is the
+// first thing to measure and change (UNMEASURED).
+template <OpId kOp>
+struct GemmRsEpilogue {
+  using Params = GemmRsShared;
+
+  template <class TileShape, class Accumulators, class TiledMma>
+  __device__ __forceinline__ static void store(const Params& p, const Accumulators& accum, const TiledMma& tiled_mma,
+                                               int thread_idx, int m_idx, int n_idx, int m, int /*n*/) {
+    using namespace cute;
+    constexpr int kTileM = decltype(size<0>(TileShape{}))::value;
+    constexpr int kTileN = decltype(size<1>(TileShape{}))::value;
+    // The threads that share this tile: one warpgroup (ping-pong) or two (cooperative).
+    constexpr int kThreads = decltype(size(TiledMma{}))::value;
+    static_assert(kThreads == 128 || kThreads == 256, "a tile's consumers are one or two warpgroups");
+    static_assert(decltype(size(Accumulators{}))::value % 2 == 0, "wgmma accumulators come in column pairs");
+    const GemmRsPlan& plan = p.plan;
+    const device::NvlinkTransport& t = p.transport;
+    // A cluster partner's tile row past the problem: nothing to send (uniform over the tile's threads,
+    // so none of them reaches the barrier below).
+    if (static_cast<int64_t>(m_idx) * kTileM >= m) return;
+    const int32_t me = t.local_rank;
+    // The receivers of this tile: the owners of its rows, or every rank (gemm_ar's one-shot path).
+    const int32_t first = plan.every_rank_reduces ? 0 : plan.rows.first_owner(m_idx);
+    const int32_t last = plan.every_rank_reduces ? plan.rows.world - 1 : plan.rows.last_owner(m_idx);
+
+    Tensor coords = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));  // within the tile
+    Tensor tile_coords = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
+    for (int32_t q = first; q <= last; ++q) {
+      if (!plan.receives(q, m_idx)) continue;  // an empty block between the tile's owners
+      float* staged = reinterpret_cast<float*>(t.heaps[q] + p.staging + plan.staging_offset(q, me, m_idx, n_idx));
+      CUTE_UNROLL
+      for (int i = 0; i < size(accum); i += 2) {  // values i and i+1 are columns c and c+1 of one row
+        const int row = get<0>(tile_coords(i));
+        const int col = get<1>(tile_coords(i));
+        *reinterpret_cast<float2*>(staged + row * kTileN + col) = make_float2(accum(i), accum(i + 1));
+      }
+    }
+    // Named barriers 8 and 9 (CUTLASS's user ids 0 and 1): the engine's pipelines and turn-taking use
+    // mbarriers only, and the copier CTAs, which use __syncthreads, run no epilogue. In ping-pong the
+    // warpgroups store different tiles, so each has its own id.
+    // Constant ids, so that ptxas reserves only these two.
+    if (kThreads == 256 || threadIdx.x < 256) {
+      cutlass::arch::NamedBarrier::sync(kThreads, 0);  // cooperative, or ping-pong's consumer 0 (threads 128-255)
+    } else {
+      cutlass::arch::NamedBarrier::sync(kThreads, 1);  // ping-pong's consumer 1 (threads 256-383)
+    }
+    if (thread_idx != 0) return;
+    const uint64_t number = gemm_rs_detail::op_number(t);
+    GemmRsFlags& f = gemm_rs_detail::flags<kOp>(t);
+    for (int32_t q = first; q <= last; ++q) {
+      if (plan.receives(q, m_idx)) t.signal(q, &f.flag[plan.partial_slot(q, me, m_idx, n_idx)], number);
+    }
+  }
+};
+
+// Element: the output's (cutlass::bfloat16_t or cutlass::half_t), for the reducers' rounding. kOp:
+// kGemmRs, or kGemmAr (the reducers then also broadcast their tiles and gather the others').
+template <class Element, OpId kOp>
+struct GemmRsPhases {
+  static constexpr bool kAllReduce = kOp == OpId::kGemmAr;
+
+  using Params = GemmRsShared;
+
+  __device__ static bool begin(const Params& p) {
+    const device::OpStart start = device::op_begin(p.transport, p.wait, p.signature);
+    if (start == device::kSkip) device::op_end(p.transport);
+    return start == device::kRun;
+  }
+
+  __device__ static void helpers(const Params&, int /*thread*/, int /*threads*/) {}
+
+  // The reducers, every thread of copier CTA `cta` of `ctas`: tiles cta, cta + ctas, ... of this
+  // rank's reduce order. Thread s < world waits for sender s's flag of the tile; the sum starts once
+  // all have landed. gemm_ar: each reduced tile then goes to every peer (reduce_tile) and, once all
+  // its stores are issued, thread q raises peer q's reduced flag for it; after its own tiles, the CTA
+  // copies its share of the other owners' tiles from the landing tiles into out as their flags rise.
+  // The owners' reducers wait only for GEMM tiles, which never wait: no cycle.
+  __device__ static void copy(const Params& p, int cta, int ctas) {
+    using namespace gemm_rs_detail;
+    const device::NvlinkTransport& t = p.transport;
+    const GemmRsPlan& plan = p.plan;
+    const int32_t me = t.local_rank;
+    const int32_t world = plan.rows.world;
+    const int32_t thread = static_cast<int32_t>(threadIdx.x);
+    __shared__ int failed;  // only ever set, and the CTA stops at once: no reset between tiles
+    if (threadIdx.x == 0) failed = 0;
+    __syncthreads();
+    const uint64_t number = op_number(t);
+    GemmRsFlags& f = flags<kOp>(t);
+    for (int32_t i = cta; i < p.reduce_tiles; i += ctas) {
+      int32_t m_idx, n_idx;
+      plan.reduce_tile(i, m_idx, n_idx);
+      if (thread < world &&
+          t.wait(&f.flag[plan.partial_slot(me, thread, m_idx, n_idx)], number, p.wait, FlagId::kPartial, thread) == 0) {
+        failed = 1;
+      }
+      __syncthreads();
+      if (failed) return;
+      reduce_tile<Element, kAllReduce>(p, m_idx, n_idx);
+      __syncthreads();  // every thread has read `failed` (and, gemm_ar, stored its share of the tile)
+      if (kAllReduce && plan.broadcast && thread < world && thread != me) {
+        t.signal(thread, &f.flag[plan.reduced_flag(m_idx, n_idx)], number);
+      }
+    }
+    if constexpr (kAllReduce) {
+      // Every other owner's tiles: position i of the output's tiles, row-major, skipping this rank's.
+      for (int32_t i = cta; i < p.landing_tiles; i += ctas) {
+        const int32_t m_idx = i / plan.tiles_n, n_idx = i % plan.tiles_n;
+        if (plan.receives(me, m_idx)) continue;  // reduced here (uniform over the CTA)
+        const int32_t owner = plan.rows.first_owner(m_idx);  // whole tile rows: the one owner
+        if (thread == 0 &&
+            t.wait(&f.flag[plan.reduced_flag(m_idx, n_idx)], number, p.wait, FlagId::kReduced, owner) == 0) {
+          failed = 1;
+        }
+        __syncthreads();
+        if (failed) return;
+        copy_landed_tile<Element>(p, m_idx, n_idx);
+        __syncthreads();
+      }
+    }
+  }
+
+  __device__ static void end(const Params& p) { device::op_end(p.transport); }
+};
+
+}  // namespace interlace

@@ -1,0 +1,35 @@
+"""gemm_ar (fused GEMM + AllReduce) on real GPUs: each test starts two processes (one per GPU) running
+a scenario of gemm_ar_worker.py, and fails with every rank's output if any rank fails. Written before
+the kernel ever ran on a GPU: the first run is its first test.
+
+  shapes      gemm_rs_worker's 29 cases (M the sum of their rows) x 5 calls: out against an fp32
+              reference of every rank's inputs, bit for bit between two runs and between ranks
+  graph       two calls on two streams, then a CUDA graph of both replayed 10 times with fresh inputs
+  validation  bad arguments raise interlace.Error on every rank before any GPU work"""
+import os
+
+import pytest
+
+from interlace.bench.launch import expect_ranks_passed, run_ranks
+
+WORKER = os.path.join(os.path.dirname(__file__), "gemm_ar_worker.py")
+WORLD = 2
+pytestmark = pytest.mark.gpus(WORLD)
+
+
+def run(scenario, timeout_s=150):
+    results = run_ranks([WORKER, scenario], WORLD, timeout_s)
+    expect_ranks_passed(results)
+    return results
+
+
+def test_shapes_dtypes_layouts_tiles_and_equal_ranks():
+    run("shapes", timeout_s=300)
+
+
+def test_streams_and_cuda_graph_replays():
+    run("graph")
+
+
+def test_bad_arguments_raise_before_gpu_work():
+    run("validation")
