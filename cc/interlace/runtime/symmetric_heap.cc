@@ -4,12 +4,9 @@
 
 #include <algorithm>
 #include <cstring>
-#include <exception>
-#include <random>
-#include <thread>
 
 #include "interlace/base/cuda.h"
-#include "interlace/runtime/socket.h"
+#include "interlace/runtime/fd_exchange.h"
 
 namespace interlace {
 namespace {
@@ -17,69 +14,6 @@ namespace {
 size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
 constexpr double kHandleExchangeTimeoutS = 30.0;
-
-// Gives this rank's exported handle (a file descriptor) to every other process of `peers` (global
-// ranks, ascending, this rank included) and returns theirs, indexed like `peers` (-1 for self).
-// File descriptors travel over abstract Unix sockets (SCM_RIGHTS), named after a token that rank 0
-// draws for this heap. Every rank calls it (it is collective over the bootstrap), whatever its peers.
-std::vector<int> exchange_fds(Bootstrap& bootstrap, int rank, const std::vector<int>& peers, int my_fd) {
-  std::string token;
-  {
-    std::random_device rd;
-    token = std::to_string(rd()) + std::to_string(rd()) + "-" + std::to_string(::getpid());
-  }
-  token = bootstrap.all_gather(token)[0];
-  auto name = [&](int global_rank) { return "interlace-" + token + "-" + std::to_string(global_rank); };
-  const int n = static_cast<int>(peers.size());
-
-  Socket listener = listen_unix(name(rank));
-  bootstrap.barrier();  // every rank now listens
-  const Deadline deadline = deadline_after(kHandleExchangeTimeoutS);
-  std::exception_ptr server_error;
-  std::thread server([&] {
-    try {
-      int strangers = 0;
-      for (int served = 0; served + 1 < n;) {
-        Socket client = accept_until(listener, deadline);
-        IL_CHECK(client.valid(), "rank ", rank, ": a peer on this host never came for its memory handle",
-                 strangers ? detail::concat(" (", strangers, " connection(s) from another user were refused)") : "");
-        // Every process of the host can see and connect to an abstract socket; the handle opens
-        // this GPU's memory, so it goes only to processes of our own user.
-        if (!peer_has_same_uid(client)) {
-          ++strangers;
-          continue;
-        }
-        send_fd(client, my_fd);
-        ++served;
-      }
-    } catch (...) {
-      server_error = std::current_exception();
-    }
-  });
-  std::vector<int> fds(n, -1);
-  std::exception_ptr client_error;
-  try {
-    for (int p = 0; p < n; ++p) {
-      if (peers[p] == rank) continue;
-      Socket s = connect_unix(name(peers[p]), deadline);
-      // A handle from another user's process would map memory that is not our peer's.
-      IL_CHECK(peer_has_same_uid(s), "rank ", rank, ": the socket of rank ", peers[p],
-               " belongs to another user's process; refusing its memory handle");
-      fds[p] = recv_fd(s, deadline);
-    }
-  } catch (...) {
-    client_error = std::current_exception();
-  }
-  server.join();
-  if (client_error || server_error) {
-    for (int fd : fds) {
-      if (fd >= 0) ::close(fd);
-    }
-    std::rethrow_exception(client_error ? client_error : server_error);
-  }
-  bootstrap.barrier();  // nobody closes its listener before all are served
-  return fds;
-}
 
 }  // namespace
 
@@ -123,7 +57,7 @@ SymmetricHeap::SymmetricHeap(Bootstrap& bootstrap, const Topology& topo, int dev
   IL_CU_CHECK(cu.cuMemExportToShareableHandle(&my_fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
   std::vector<int> fds;
   try {
-    fds = exchange_fds(bootstrap, topo.rank, mapped_ranks_, my_fd);
+    fds = exchange_fds(bootstrap, topo.rank, mapped_ranks_, my_fd, kHandleExchangeTimeoutS);
   } catch (...) {
     ::close(my_fd);
     cu.cuMemRelease(handle);
