@@ -63,8 +63,13 @@ CrossNodePath::CrossNodePath(const Topology& topo, Bootstrap& bootstrap, Symmetr
     case CrossNodeBackend::kSrd:
       // Arriving flags are added on the engine's stream, so in the order their writes completed.
       engine_ = std::make_unique<CudaLoopbackEngine>(device);
-      c.flag_sink = [engine = engine_.get(), my_heap](uint64_t offset, uint64_t add) {
+      // The backend cannot see the engine fail, so the sink reports it (once) as the proxy would.
+      c.flag_sink = [engine = engine_.get(), my_heap, report = c.on_failure, reported = false](
+                        uint64_t offset, uint64_t add) mutable {
         engine->add(reinterpret_cast<uint64_t*>(my_heap + offset), add);
+        if (reported || engine->failure().empty()) return;
+        reported = true;
+        if (report) report(concat("adding an arriving flag into the GPU heap failed: ", engine->failure()));
       };
       [[fallthrough]];
     case CrossNodeBackend::kRc:
