@@ -23,7 +23,7 @@ __version__ = "0.1.0"
 
 def init(*, rank=None, world_size=None, master_addr=None, master_port=None, secret=None, device=None,
          heap_bytes=1 << 30, timeout_s=300.0, heartbeat_timeout_s=30.0, bootstrap_timeout_s=60.0,
-         node_name=None) -> Group:
+         node_name=None, cross_node="auto", loopback_rate=0.0) -> Group:
     """Joins the job's other processes and returns the Group (collective: every rank calls it).
 
     Unset arguments come from the launcher's environment (torchrun, mpirun, srun; see DESIGN.md).
@@ -35,8 +35,15 @@ def init(*, rank=None, world_size=None, master_addr=None, master_port=None, secr
     heartbeat_timeout_s: a rank from which nothing arrives for this long (its host is down) is taken
       for dead. Heartbeats come from a thread of their own: a slow or busy rank is never taken for dead.
     device: the CUDA device; default is the launcher's local rank.
-    node_name: ranks with the same name share NVLink; default is the hostname.
+    node_name: ranks with the same name share NVLink; default is the hostname. Ranks of one host with
+      different names act as separate nodes (the loopback backend emulates a network between them).
+    cross_node: with several nodes, how writes reach ranks on other nodes: "auto" (loopback when every
+      rank runs on one host, else "rc"), "loopback", "rc" (InfiniBand / RoCE) or "srd" (EFA). With one
+      node nothing is made for it.
+    loopback_rate: the loopback backend's rate in bytes/s, as a NIC's (50e9 ~ 400 Gb/s); 0: unthrottled.
+    Both are checked before the rendezvous, so a bad value raises interlace.Error at once.
     """
+    _C._check_cross_node_options(cross_node, float(loopback_rate))
     return Group(_C._init(
         rank=-1 if rank is None else rank,
         world_size=-1 if world_size is None else world_size,
@@ -49,6 +56,8 @@ def init(*, rank=None, world_size=None, master_addr=None, master_port=None, secr
         heartbeat_timeout_s=heartbeat_timeout_s,
         bootstrap_timeout_s=bootstrap_timeout_s,
         node_name=node_name or "",
+        cross_node=cross_node,
+        loopback_rate=float(loopback_rate),
     ))
 
 

@@ -24,7 +24,8 @@ class Group:
     Attributes (fixed for the group's life): rank, world_size; local_rank and local_size (this
     rank's index among the ranks of its node, and how many they are); node (this node's index)
     and num_nodes; device (the CUDA device ordinal); heap_bytes (usable bytes of this rank's
-    symmetric heap); handle (a small integer naming this group within the process, which the
+    symmetric heap); node_names (every rank's node name, by rank); cross_node (the backend that
+    reaches other nodes: "loopback", "ibverbs" or "efa"; "" with one node); handle (a small integer naming this group within the process, which the
     torch.library ops take in its place).
     """
 
@@ -39,6 +40,8 @@ class Group:
         self.num_nodes = native.num_nodes
         self.device = native.device
         self.heap_bytes = native.heap_bytes
+        self.node_names = list(native.node_names)
+        self.cross_node = native.cross_node
         self.handle = next(_next_handle)
         _groups[self.handle] = self
 

@@ -12,6 +12,7 @@
 #include "interlace/api/interlace.h"
 #include "interlace/base/cuda.h"
 #include "interlace/gemm/args.h"
+#include "interlace/runtime/cross_node_choice.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -149,6 +150,32 @@ NB_MODULE(_interlace, m) {
       .def_prop_ro("num_nodes", [](const Group& g) { return g.topology().num_nodes; })
       .def_prop_ro("device", &Group::device)
       .def_prop_ro("heap_bytes", [](Group& g) { return g.heap().usable_bytes(); })
+      .def_prop_ro("node_names", &Group::node_names)
+      .def_prop_ro("cross_node", &Group::cross_node_backend)
+      .def("_heap_offset",
+           [](Group& g, nb::ndarray<nb::ro> t) {
+             TensorView v = view_of(t);
+             long long offset = g.heap().offset_of(v.data, v.nbytes());
+             IL_CHECK(offset >= 0, "_heap_offset(): the tensor is not in the group's symmetric heap");
+             return static_cast<uint64_t>(offset);
+           },
+           "tensor"_a)
+      .def("_proxy_post",
+           [](Group& g, int peer, uint64_t src_offset, uint64_t dst_offset, uint64_t bytes, uint64_t flag_offset,
+              uint64_t add) {
+             ProxyRequest r{};
+             r.src_offset = src_offset;
+             r.dst_offset = dst_offset;
+             r.bytes = bytes;
+             r.flag_offset = flag_offset;
+             r.add = add;
+             r.peer = peer;
+             nb::gil_scoped_release release;
+             g.post_from_host(r);
+           },
+           "peer"_a, "src_offset"_a, "dst_offset"_a, "bytes"_a, "flag_offset"_a, "add"_a,
+           "Posts one write to the proxy FIFO from the host (tests): bytes of this rank's heap at src_offset to "
+           "rank peer's heap at dst_offset, then add to the 64-bit flag at flag_offset there.")
       .def("check", [](Group& g) {
         nb::gil_scoped_release release;
         g.check();
@@ -196,7 +223,9 @@ NB_MODULE(_interlace, m) {
   m.def("_init",
         [](int rank, int world_size, std::string master_addr, int master_port, std::string secret, int device,
            size_t heap_bytes, double timeout_s, double heartbeat_timeout_s, double bootstrap_timeout_s,
-           std::string node_name) {
+           std::string node_name, std::string cross_node, double loopback_rate) {
+          // Before the rendezvous: a bad option must not cost the other ranks a wait.
+          check_cross_node_options(cross_node, loopback_rate);
           GroupOptions o;
           o.bootstrap.rank = rank;
           o.bootstrap.world_size = world_size;
@@ -209,11 +238,17 @@ NB_MODULE(_interlace, m) {
           o.timeout_s = timeout_s;
           o.heartbeat_timeout_s = heartbeat_timeout_s;
           o.node_name = std::move(node_name);
+          o.cross_node = std::move(cross_node);
+          o.loopback_rate_bytes_per_s = loopback_rate;
           nb::gil_scoped_release release;
           return std::make_shared<Group>(o);
         },
         nb::kw_only(), "rank"_a, "world_size"_a, "master_addr"_a, "master_port"_a, "secret"_a, "device"_a,
-        "heap_bytes"_a, "timeout_s"_a, "heartbeat_timeout_s"_a, "bootstrap_timeout_s"_a, "node_name"_a);
+        "heap_bytes"_a, "timeout_s"_a, "heartbeat_timeout_s"_a, "bootstrap_timeout_s"_a, "node_name"_a,
+        "cross_node"_a = "auto", "loopback_rate"_a = 0.0);
+
+  m.def("_check_cross_node_options", &check_cross_node_options, "cross_node"_a, "loopback_rate"_a,
+        "Raises interlace.Error if cross_node or loopback_rate is not valid (what init checks first).");
 
   m.def("all_gather",
         [](nb::ndarray<> out, nb::ndarray<nb::ro> inp, Group& group, uintptr_t stream, int num_blocks,

@@ -291,17 +291,20 @@ def gemm(a: _torch.Tensor, b: _torch.Tensor, *, out: _torch.Tensor = None) -> _t
 
 
 def init(process_group=None, *, heap_bytes=1 << 30, timeout_s=300.0, heartbeat_timeout_s=30.0,
-         bootstrap_timeout_s=60.0, device=None, node_name=None):
+         bootstrap_timeout_s=60.0, device=None, node_name=None, cross_node="auto", loopback_rate=0.0):
     """An interlace Group over the ranks of a torch.distributed process group (default: the world),
     set up through torch's own store: no MASTER_PORT + 1 to keep free, no INTERLACE_SECRET to share.
     Collective over the process group. Rank 0 of the group publishes a fresh port and a random
-    secret for interlace's rendezvous in the store; the others read them there."""
+    secret for interlace's rendezvous in the store; the others read them there. node_name, cross_node
+    and loopback_rate are interlace.init's."""
+    _interlace._C._check_cross_node_options(cross_node, float(loopback_rate))
     options = rendezvous_options(process_group, timeout_s=bootstrap_timeout_s)
     if device is None:
         device = _torch.cuda.current_device()
     return _interlace.init(**options, heap_bytes=heap_bytes, timeout_s=timeout_s,
                            heartbeat_timeout_s=heartbeat_timeout_s, bootstrap_timeout_s=bootstrap_timeout_s,
-                           device=device, node_name=node_name)
+                           device=device, node_name=node_name, cross_node=cross_node,
+                           loopback_rate=loopback_rate)
 
 
 def rendezvous_options(process_group=None, *, timeout_s=60.0) -> dict:

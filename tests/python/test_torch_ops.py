@@ -28,6 +28,11 @@ class NativeStandIn(interlace.Bootstrap):
     num_nodes = 1
     device = 0
     heap_bytes = 1 << 20
+    cross_node = ""
+
+    @property
+    def node_names(self):
+        return ["node"] * self.world_size
 
     @property
     def local_rank(self):

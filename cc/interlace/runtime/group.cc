@@ -8,25 +8,43 @@
 #include <thread>
 
 #include "interlace/base/cuda.h"
+#include "interlace/runtime/cross_node_choice.h"
 #include "interlace/runtime/launch_env.h"
 
 namespace interlace {
 using detail::concat;
 
+namespace {
+
+std::string this_hostname() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+}  // namespace
+
 Group::Group(GroupOptions options) : options_(std::move(options)) {
+  check_cross_node_options(options_.cross_node, options_.loopback_rate_bytes_per_s);
   int num_devices = require_gpus();
   options_.bootstrap = resolve_bootstrap_options(options_.bootstrap, [](const char* n) { return std::getenv(n); });
   IL_CHECK(options_.timeout_s > 0, "timeout_s must be positive, got ", options_.timeout_s);
   IL_CHECK(options_.heap_bytes > 0, "heap_bytes must be positive");
   bootstrap_ = std::make_unique<Bootstrap>(options_.bootstrap);
 
-  if (options_.node_name.empty()) {
-    char host[256] = {};
-    ::gethostname(host, sizeof(host) - 1);
-    options_.node_name = host;
+  if (options_.node_name.empty()) options_.node_name = this_hostname();
+  node_names_ = bootstrap_->all_gather(options_.node_name);
+  topo_ = make_topology(bootstrap_->rank(), node_names_);
+  // Several nodes: which backend, and so which heaps to map. Every rank knows num_nodes alike, so
+  // the extra exchange is made by all or none; one node changes nothing.
+  std::vector<std::string> hostnames;
+  CrossNodeBackend backend = CrossNodeBackend::kLoopback;
+  std::vector<int> mapped_ranks;
+  if (topo_.num_nodes > 1) {
+    hostnames = bootstrap_->all_gather(this_hostname());
+    backend = choose_cross_node_backend(parse_cross_node_choice(options_.cross_node), node_names_, hostnames);
+    mapped_ranks = heap_peers(topo_.rank, node_names_, hostnames, backend == CrossNodeBackend::kLoopback);
   }
-  std::vector<std::string> names = bootstrap_->all_gather(options_.node_name);
-  topo_ = make_topology(bootstrap_->rank(), names);
 
   device_ = options_.device;
   if (device_ < 0) {
@@ -44,6 +62,15 @@ Group::Group(GroupOptions options) : options_(std::move(options)) {
     IL_CHECK(r == topo_.rank || devices[r] != devices[topo_.rank], "ranks ", r, " and ", topo_.rank,
              " both use GPU ", device_, " of node ", options_.node_name, "; use one process per GPU");
   }
+  if (!hostnames.empty()) {
+    // Emulated nodes of one host: their GPUs are the host's, so the check above by node misses them.
+    auto gpus = bootstrap_->all_gather(hostnames[topo_.rank] + "/" + std::to_string(device_));
+    for (int r = 0; r < topo_.world_size; ++r) {
+      IL_CHECK(r == topo_.rank || gpus[r] != gpus[topo_.rank], "ranks ", r, " and ", topo_.rank, " both use GPU ",
+               device_, " of host ", hostnames[topo_.rank], " (as nodes ", node_names_[r], " and ",
+               options_.node_name, "); give each rank its own GPU (device=)");
+    }
+  }
 
   IL_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&control_host_), sizeof(HostControl), cudaHostAllocMapped));
   *control_host_ = HostControl{};
@@ -51,7 +78,39 @@ Group::Group(GroupOptions options) : options_(std::move(options)) {
   IL_CUDA_CHECK(cudaEventCreateWithFlags(&last_op_, cudaEventDisableTiming));
   watchdog_ = std::make_unique<Watchdog>(*bootstrap_, &control_host_->abort, [this] { return describe_abort(); },
                                          options_.heartbeat_timeout_s, options_.timeout_s);
-  heap_ = std::make_unique<SymmetricHeap>(*bootstrap_, topo_, device_, options_.heap_bytes);
+  heap_ = std::make_unique<SymmetricHeap>(*bootstrap_, topo_, device_, options_.heap_bytes, mapped_ranks);
+  if (topo_.num_nodes > 1) {
+    CrossNodePathOptions c;
+    c.backend = backend;
+    c.loopback_rate_bytes_per_s = options_.loopback_rate_bytes_per_s;
+    c.timeout_ns = timeout_ns();
+    c.on_failure = [this](const std::string& why) {
+      abort(concat("rank ", topo_.rank, "'s cross-node proxy failed: ", why));
+    };
+    cross_node_ = std::make_unique<CrossNodePath>(topo_, *bootstrap_, *heap_, device_, control_device_, std::move(c));
+  }
+}
+
+std::string Group::cross_node_backend() const {
+  return cross_node_ ? cross_node_backend_name(cross_node_->backend()) : "";
+}
+
+device::ProxyTransport Group::proxy_transport() const {
+  IL_CHECK(cross_node_ != nullptr, "rank ", topo_.rank, ": the group has one node, so every rank is reached over ",
+           "NVLink and there is no proxy transport");
+  return cross_node_->transport();
+}
+
+void Group::post_from_host(const ProxyRequest& request) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  check_aborted();
+  IL_CHECK(cross_node_ != nullptr, "rank ", topo_.rank, ": the group has one node: there is no proxy to post to");
+  DeviceGuard guard(device_);
+  IL_CUDA_CHECK(cudaEventSynchronize(last_op_));
+  const PostResult r = cross_node_->post_from_host(request, &control_host_->abort);
+  check_aborted();
+  IL_CHECK(r == PostResult::kPosted, "rank ", topo_.rank, ": the proxy FIFO had no room within timeout_s (",
+           options_.timeout_s, " s): the proxy is stuck");
 }
 
 Group::~Group() {
@@ -64,6 +123,18 @@ Group::~Group() {
       if (watchdog_) watchdog_->leaving_cleanly();  // else peers must take this rank's exit for a death
     }
   } catch (...) {
+  }
+  if (cross_node_) {
+    // This GPU's kernels may have posted requests peers still wait for: let them finish and the
+    // proxy take them all before it stops (bounded; after an abort nobody waits for them).
+    if (!aborted) {
+      try {
+        DeviceGuard guard(device_);
+        if (cudaDeviceSynchronize() == cudaSuccess) cross_node_->drain(options_.timeout_s);
+      } catch (...) {
+      }
+    }
+    cross_node_.reset();
   }
   // The heap's teardown waits for this GPU's kernels; the watchdog stays until then, so that a
   // kernel waiting on a dead peer is stopped rather than left to its timeout.

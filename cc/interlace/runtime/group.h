@@ -16,8 +16,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "interlace/device/proxy_transport.h"
 #include "interlace/device/signal_pad.h"
 #include "interlace/runtime/bootstrap.h"
+#include "interlace/runtime/cross_node_path.h"
 #include "interlace/runtime/signature_cache.h"
 #include "interlace/runtime/symmetric_heap.h"
 #include "interlace/runtime/topology.h"
@@ -36,6 +38,11 @@ struct GroupOptions {
   // this long is taken for dead. Process deaths are seen at once, through the closed connection.
   double heartbeat_timeout_s = 30.0;
   std::string node_name;               // ranks with the same name share NVLink; default: the hostname
+  // Groups of several nodes only: how writes reach ranks on other nodes (cross_node_choice.h).
+  // "auto": loopback when every rank runs on one host (node names then only split it into emulated
+  // nodes), else ibverbs RC; or "loopback", "rc", "srd".
+  std::string cross_node = "auto";
+  double loopback_rate_bytes_per_s = 0;  // throttles loopback like a NIC (50e9 ~ 400 Gb/s); 0: unthrottled
 };
 
 // Shared ownership: Python holds a Group through std::shared_ptr (make_shared in the binding), and
@@ -57,6 +64,17 @@ class Group : public std::enable_shared_from_this<Group> {
   Bootstrap& bootstrap() { return *bootstrap_; }
   SymmetricHeap& heap() { return *heap_; }
   HostControl* device_control() const { return control_device_; }
+  // Every rank's node name, by rank (what the Topology was built from).
+  const std::vector<std::string>& node_names() const { return node_names_; }
+  // The backend that carries writes to other nodes: "loopback", "ibverbs" or "efa"; "" with one node.
+  std::string cross_node_backend() const;
+  // What this rank's kernels post through to ranks on other nodes: this GPU's FIFO, its heap, the
+  // timeout and the abort words. A value to copy into kernel parameters beside the NvlinkTransport
+  // (see DESIGN.md, "Across nodes"). Raises when the group has one node (no proxy exists).
+  device::ProxyTransport proxy_transport() const;
+  // Posts one request to this GPU's FIFO from the host, after the group's queued ops have finished
+  // (the FIFO's ticket counter is the kernels'). For tests and tools; raises if not posted.
+  void post_from_host(const ProxyRequest& request);
 
   // Raises if the group is aborted (naming the rank, the op and the flag where a kernel stopped, or
   // the rank that died), or if a kernel skipped an op call because a peer's call of it failed its
@@ -103,7 +121,9 @@ class Group : public std::enable_shared_from_this<Group> {
   Topology topo_;
   int device_ = -1;
   int num_sms_ = 0;
+  std::vector<std::string> node_names_;
   std::unique_ptr<SymmetricHeap> heap_;
+  std::unique_ptr<CrossNodePath> cross_node_;  // only with several nodes; destroyed before the heap
   HostControl* control_host_ = nullptr;
   HostControl* control_device_ = nullptr;
   std::unique_ptr<Watchdog> watchdog_;

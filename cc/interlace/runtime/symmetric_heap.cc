@@ -2,13 +2,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
-#include <exception>
-#include <random>
-#include <thread>
 
 #include "interlace/base/cuda.h"
-#include "interlace/runtime/socket.h"
+#include "interlace/runtime/fd_exchange.h"
 
 namespace interlace {
 namespace {
@@ -17,71 +15,16 @@ size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
 constexpr double kHandleExchangeTimeoutS = 30.0;
 
-// Gives this rank's exported handle (a file descriptor) to every other process of the node and
-// returns theirs, indexed by local rank (-1 for self). File descriptors travel over abstract
-// Unix sockets (SCM_RIGHTS), named after a token that rank 0 draws for this heap.
-std::vector<int> exchange_fds(Bootstrap& bootstrap, const Topology& topo, int my_fd) {
-  std::string token;
-  {
-    std::random_device rd;
-    token = std::to_string(rd()) + std::to_string(rd()) + "-" + std::to_string(::getpid());
-  }
-  token = bootstrap.all_gather(token)[0];
-  auto name = [&](int global_rank) { return "interlace-" + token + "-" + std::to_string(global_rank); };
-
-  Socket listener = listen_unix(name(topo.rank));
-  bootstrap.barrier();  // every rank now listens
-  const Deadline deadline = deadline_after(kHandleExchangeTimeoutS);
-  std::exception_ptr server_error;
-  std::thread server([&] {
-    try {
-      int strangers = 0;
-      for (int served = 0; served + 1 < topo.local_size();) {
-        Socket client = accept_until(listener, deadline);
-        IL_CHECK(client.valid(), "rank ", topo.rank, ": a local peer never came for its memory handle",
-                 strangers ? detail::concat(" (", strangers, " connection(s) from another user were refused)") : "");
-        // Every process of the host can see and connect to an abstract socket; the handle opens
-        // this GPU's memory, so it goes only to processes of our own user.
-        if (!peer_has_same_uid(client)) {
-          ++strangers;
-          continue;
-        }
-        send_fd(client, my_fd);
-        ++served;
-      }
-    } catch (...) {
-      server_error = std::current_exception();
-    }
-  });
-  std::vector<int> fds(topo.local_size(), -1);
-  std::exception_ptr client_error;
-  try {
-    for (int p = 0; p < topo.local_size(); ++p) {
-      if (p == topo.local_rank) continue;
-      Socket s = connect_unix(name(topo.local_ranks[p]), deadline);
-      // A handle from another user's process would map memory that is not our peer's.
-      IL_CHECK(peer_has_same_uid(s), "rank ", topo.rank, ": the socket of local rank ", p,
-               " belongs to another user's process; refusing its memory handle");
-      fds[p] = recv_fd(s, deadline);
-    }
-  } catch (...) {
-    client_error = std::current_exception();
-  }
-  server.join();
-  if (client_error || server_error) {
-    for (int fd : fds) {
-      if (fd >= 0) ::close(fd);
-    }
-    std::rethrow_exception(client_error ? client_error : server_error);
-  }
-  bootstrap.barrier();  // nobody closes its listener before all are served
-  return fds;
-}
-
 }  // namespace
 
-SymmetricHeap::SymmetricHeap(Bootstrap& bootstrap, const Topology& topo, int device, size_t bytes)
-    : device_(device), local_rank_(topo.local_rank), usable_bytes_(bytes) {
+SymmetricHeap::SymmetricHeap(Bootstrap& bootstrap, const Topology& topo, int device, size_t bytes,
+                             std::vector<int> mapped_ranks)
+    : device_(device), local_rank_(topo.local_rank), usable_bytes_(bytes), mapped_ranks_(std::move(mapped_ranks)) {
+  if (mapped_ranks_.empty()) mapped_ranks_ = topo.local_ranks;
+  for (int r : topo.local_ranks) {
+    IL_CHECK(std::binary_search(mapped_ranks_.begin(), mapped_ranks_.end(), r), "rank ", topo.rank,
+             ": the heaps to map must include every rank of its node (rank ", r, " is missing)");
+  }
   // Same size everywhere, checked before any allocation.
   auto sizes = bootstrap.all_gather(std::to_string(bytes));
   for (int r = 0; r < topo.world_size; ++r) {
@@ -114,7 +57,7 @@ SymmetricHeap::SymmetricHeap(Bootstrap& bootstrap, const Topology& topo, int dev
   IL_CU_CHECK(cu.cuMemExportToShareableHandle(&my_fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
   std::vector<int> fds;
   try {
-    fds = exchange_fds(bootstrap, topo, my_fd);
+    fds = exchange_fds(bootstrap, topo.rank, mapped_ranks_, my_fd, kHandleExchangeTimeoutS);
   } catch (...) {
     ::close(my_fd);
     cu.cuMemRelease(handle);
@@ -122,15 +65,16 @@ SymmetricHeap::SymmetricHeap(Bootstrap& bootstrap, const Topology& topo, int dev
   }
   ::close(my_fd);
 
-  peer_handles_.assign(topo.local_size(), 0);
-  bases_.assign(topo.local_size(), nullptr);
+  const int n = static_cast<int>(mapped_ranks_.size());
+  peer_handles_.assign(n, 0);
+  mapped_.assign(n, nullptr);
   CUmemAccessDesc access{};
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   access.location.id = device;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  for (int p = 0; p < topo.local_size(); ++p) {
+  for (int p = 0; p < n; ++p) {
     CUmemGenericAllocationHandle h = handle;
-    if (p != topo.local_rank) {
+    if (mapped_ranks_[p] != topo.rank) {
       IL_CU_CHECK(cu.cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(fds[p])),
                                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
       ::close(fds[p]);
@@ -138,10 +82,14 @@ SymmetricHeap::SymmetricHeap(Bootstrap& bootstrap, const Topology& topo, int dev
     }
     CUdeviceptr ptr = 0;
     IL_CU_CHECK(cu.cuMemAddressReserve(&ptr, mapped_bytes_, granularity, 0, 0));
-    bases_[p] = reinterpret_cast<char*>(ptr);
+    mapped_[p] = reinterpret_cast<char*>(ptr);
     IL_CU_CHECK(cu.cuMemMap(ptr, mapped_bytes_, 0, h, 0));
     IL_CU_CHECK(cu.cuMemSetAccess(ptr, mapped_bytes_, &access, 1));
   }
+  by_rank_.assign(topo.world_size, nullptr);
+  for (int p = 0; p < n; ++p) by_rank_[mapped_ranks_[p]] = mapped_[p];
+  bases_.assign(topo.local_size(), nullptr);
+  for (int p = 0; p < topo.local_size(); ++p) bases_[p] = by_rank_[topo.local_ranks[p]];
 
   // Flags start at zero on every rank before any peer may write them.
   IL_CUDA_CHECK(cudaMemset(bases_[local_rank_], 0, data_offset_));
@@ -156,9 +104,9 @@ SymmetricHeap::~SymmetricHeap() {
   cudaGetDevice(&previous);
   cudaSetDevice(device_);
   cudaDeviceSynchronize();
-  for (size_t p = 0; p < bases_.size(); ++p) {
-    if (!bases_[p]) continue;
-    auto ptr = reinterpret_cast<CUdeviceptr>(bases_[p]);
+  for (size_t p = 0; p < mapped_.size(); ++p) {
+    if (!mapped_[p]) continue;
+    auto ptr = reinterpret_cast<CUdeviceptr>(mapped_[p]);
     cu.cuMemUnmap(ptr, mapped_bytes_);
     cu.cuMemAddressFree(ptr, mapped_bytes_);
     if (peer_handles_[p]) cu.cuMemRelease(peer_handles_[p]);
