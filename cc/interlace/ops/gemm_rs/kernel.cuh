@@ -66,7 +66,7 @@ __device__ __forceinline__ GemmRsFlags& flags(const device::NvlinkTransport& t) 
   return *op_flags<GemmRsFlags, kOp>(t.my_pad());
 }
 
-// This call's op number. Valid between op_begin and op_end (the counter moves only when the last
+// This call's op number. Valid between op_enter and op_end (the counter moves only when the last
 // CTA of the op is done).
 __device__ __forceinline__ uint64_t op_number(const device::NvlinkTransport& t) {
   return *reinterpret_cast<const volatile uint64_t*>(&t.my_pad()->ops.completed) + 1;
@@ -245,11 +245,7 @@ struct GemmRsPhases {
 
   using Params = GemmRsShared;
 
-  __device__ static bool begin(const Params& p) {
-    const device::OpStart start = device::op_begin(p.transport, p.wait, p.signature);
-    if (start == device::kSkip) device::op_end(p.transport);
-    return start == device::kRun;
-  }
+  __device__ static bool begin(const Params& p) { return device::op_enter(p.transport, p.wait, p.signature); }
 
   __device__ static void helpers(const Params&, int /*thread*/, int /*threads*/) {}
 
