@@ -1,7 +1,7 @@
 """One rank of the tensor-parallel layers on GPUs (see test_torch_layers_gpu.py): a two-layer MLP of
 ColumnParallelLinear and RowParallelLinear, cut from full nn.Linear layers, against those layers in
-fp32 on the whole input (the same bf16-representable values), forward and every gradient; eager,
-then compiled (fullgraph=True)."""
+fp32 on the whole input (the same bf16 values, rounded where the layers store bf16), forward and
+every gradient; eager, then compiled (fullgraph=True)."""
 import copy
 import os
 import sys
@@ -21,24 +21,36 @@ def check(got, want, what):
     assert err < 2e-2, f"rank {RANK}: {what}: relative error {err:.3e}"
 
 
+def rounded(t):
+    """t rounded to bf16 where the layers store a bf16 tensor; gradients pass through unchanged."""
+    return t + (t.to(torch.bfloat16).float() - t).detach()
+
+
 def run(tokens, d_in, d_hidden, d_out, bias, compiled):
     torch.manual_seed(1234)  # the same full layers, input and output gradient on every rank
     lin1 = torch.nn.Linear(d_in, d_hidden, bias=bias, device="cuda")
     lin2 = torch.nn.Linear(d_hidden, d_out, bias=bias, device="cuda")
-    if bias:  # nn.Linear's default bias is small next to the products: make it count
-        torch.nn.init.normal_(lin1.bias)
-        torch.nn.init.normal_(lin2.bias)
-    # The reference runs in fp32 on the very values the bf16 layers get: weights, biases, input and
-    # output gradient rounded to bf16 first. Rounding never flips a sign, so both take the same ReLU
-    # mask and what is left to compare is the layers' own rounding (without this, bf16 weights
-    # against fp32 ones alone moved the input gradient by 3-4%).
     with torch.no_grad():
+        if bias:  # nn.Linear's default bias is small next to the products: make it count
+            torch.nn.init.normal_(lin1.bias)
+            torch.nn.init.normal_(lin2.bias)
+        # The reference runs in fp32 on the values the bf16 layers get (weights, biases, input and
+        # output gradient are bf16 numbers) and rounds where they store bf16: the product, then the
+        # sum with the bias (as Megatron's layers, the bias is added to the rounded product). A sign
+        # flip of a pre-activation moves the input gradient by a whole ReLU term, so without the
+        # product's rounding the first GPU run saw 3-4% there, from flips alone.
         for p in (*lin1.parameters(), *lin2.parameters()):
             p.copy_(p.to(torch.bfloat16))
     x = torch.randn(tokens, d_in, device="cuda").to(torch.bfloat16).float().requires_grad_()
     g = torch.randn(tokens, d_out, device="cuda").to(torch.bfloat16).float()
-    (lin2(torch.relu(lin1(x))) * g).sum().backward()
-    y_ref = lin2(torch.relu(lin1(x))).detach()
+
+    def linear(t, layer):
+        y = rounded(t @ layer.weight.t())
+        return rounded(y + layer.bias) if bias else y
+
+    y_ref = linear(torch.relu(linear(x, lin1)), lin2)
+    (y_ref * g).sum().backward()
+    y_ref = y_ref.detach()
 
     col = itorch.ColumnParallelLinear.from_linear(copy.deepcopy(lin1).to(torch.bfloat16), group)
     row = itorch.RowParallelLinear.from_linear(copy.deepcopy(lin2).to(torch.bfloat16), group)

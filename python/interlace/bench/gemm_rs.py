@@ -97,8 +97,9 @@ def main(_):
                              "N of 8")
     tunings = tunings_from_flags()
     # Staging: the fp32 partials of this rank's rows from every rank (M x N x 4, about); gemm_ar also
-    # lands every reduced tile (M x N x 2).
-    heap = max(m * n for m, _, n, _ in shapes) * 6 + (256 << 20)
+    # lands every reduced tile (M x N x 2). Each shape is also captured in a CUDA graph, and scratch
+    # that a graph may use is kept while the group lives: room for every shape's.
+    heap = sum(m * n for m, _, n, _ in shapes) * 6 + (256 << 20)
     group = interlace.init(heap_bytes=heap, timeout_s=60.0)
     fused = common.SymmMemBaseline() if KIND == "rs" else None
     common.warm_up_gpu()

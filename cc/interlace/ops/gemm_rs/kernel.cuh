@@ -72,20 +72,17 @@ __device__ __forceinline__ uint64_t op_number(const device::NvlinkTransport& t) 
   return *reinterpret_cast<const volatile uint64_t*>(&t.my_pad()->ops.completed) + 1;
 }
 
-// sum_in_rank_order (ops/reduce/plan.h) on four columns at once: partial 0 first, then += partial
-// 1, 2, ... in fp32, so that the bits are those of the standalone reductions' sums.
-__device__ __forceinline__ float4 sum4_in_rank_order(const float* first, uint64_t sender_stride, int32_t world) {
-  // __ldcg: L2 only. Peers wrote these over NVLink; the acquire on their flags is what makes them
-  // visible, and nothing should be served from this SM's L1.
-  float4 sum = __ldcg(reinterpret_cast<const float4*>(first));
-  for (int32_t s = 1; s < world; ++s) {
-    const float4 v = __ldcg(reinterpret_cast<const float4*>(first + s * sender_stride));
-    sum.x += v.x;
-    sum.y += v.y;
-    sum.z += v.z;
-    sum.w += v.w;
-  }
-  return sum;
+// A reducer CTA is one per SM beside the GEMM, so its speed is the loads each thread keeps in flight:
+// one float4 at a time gave about 10 GB/s per SM, and the reduction, not the GEMM, set gemm_rs's time
+// (4x the GEMM alone, first GPU run). Each thread takes kUnroll groups of four columns per step and
+// issues all their loads of one sender before adding any.
+constexpr int kUnroll = 8;
+
+__device__ __forceinline__ void add4(float4& sum, const float4& v) {
+  sum.x += v.x;
+  sum.y += v.y;
+  sum.z += v.z;
+  sum.w += v.w;
 }
 
 // Stores four sums (or the first `count` < 4 of them) at dst, rounded once to Element: 8 bytes when
@@ -128,18 +125,47 @@ __device__ __forceinline__ void reduce_tile(const GemmRsShared& p, int32_t m_idx
   const uint64_t sender_stride = plan.tile_bytes / sizeof(float);  // a tile's senders lie one after another
   Element* out = static_cast<Element*>(p.out);
   const int64_t work = (hi - lo) * groups;
-  for (int64_t j = threadIdx.x; j < work; j += blockDim.x) {
-    const int64_t row = lo + j / groups;
-    const int32_t col = static_cast<int32_t>(j % groups) * 4;
-    const int64_t at = (row - tile_row0) * plan.tile_n + col;  // within a tile
-    const float4 sum = sum4_in_rank_order(staged + at, sender_stride, rows.world);
-    // out's rows start 16-byte aligned and col0 + col is a multiple of 4.
-    store4(out + (row - p.out_first_row) * p.ldo + col0 + col, sum, cols - col);
-    if (kAllReduce && plan.broadcast) {
-      const uint64_t tile = p.landing + landing_offset(plan, m_idx, n_idx, sizeof(Element));
-      for (int32_t k = 1; k < rows.world; ++k) {  // rank + 1 first, so that owners spread their stores
-        const int32_t q = (me + k) % rows.world;
-        store4(reinterpret_cast<Element*>(p.transport.heaps[q] + tile) + at, sum, cols - col);
+  const int64_t step = static_cast<int64_t>(blockDim.x);
+  for (int64_t base = threadIdx.x; base < work; base += step * kUnroll) {
+    int64_t at[kUnroll];  // within a tile; -1: past the work
+    float4 sum[kUnroll];
+    CUTE_UNROLL
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t j = base + u * step;
+      at[u] = j < work ? (lo + j / groups - tile_row0) * plan.tile_n + (j % groups) * 4 : -1;
+    }
+    // sum_in_rank_order (ops/reduce/plan.h) on four columns at once: partial 0, then += partial 1,
+    // 2, ... in fp32, so that the bits are those of the standalone reductions' sums. __ldcg: L2
+    // only; peers wrote these over NVLink, the acquire on their flags made them visible, and nothing
+    // should be served from this SM's L1.
+    CUTE_UNROLL
+    for (int u = 0; u < kUnroll; ++u) {
+      if (at[u] >= 0) sum[u] = __ldcg(reinterpret_cast<const float4*>(staged + at[u]));
+    }
+    for (int32_t s = 1; s < rows.world; ++s) {
+      float4 v[kUnroll];
+      CUTE_UNROLL
+      for (int u = 0; u < kUnroll; ++u) {
+        if (at[u] >= 0) v[u] = __ldcg(reinterpret_cast<const float4*>(staged + at[u] + s * sender_stride));
+      }
+      CUTE_UNROLL
+      for (int u = 0; u < kUnroll; ++u) {
+        if (at[u] >= 0) add4(sum[u], v[u]);
+      }
+    }
+    CUTE_UNROLL
+    for (int u = 0; u < kUnroll; ++u) {
+      if (at[u] < 0) continue;
+      const int64_t row = tile_row0 + at[u] / plan.tile_n;
+      const int32_t col = static_cast<int32_t>(at[u] % plan.tile_n);
+      // out's rows start 16-byte aligned and col0 + col is a multiple of 4.
+      store4(out + (row - p.out_first_row) * p.ldo + col0 + col, sum[u], cols - col);
+      if (kAllReduce && plan.broadcast) {
+        const uint64_t tile = p.landing + landing_offset(plan, m_idx, n_idx, sizeof(Element));
+        for (int32_t k = 1; k < rows.world; ++k) {  // rank + 1 first, so that owners spread their stores
+          const int32_t q = (me + k) % rows.world;
+          store4(reinterpret_cast<Element*>(p.transport.heaps[q] + tile) + at[u], sum[u], cols - col);
+        }
       }
     }
   }
@@ -158,15 +184,28 @@ __device__ __forceinline__ void copy_landed_tile(const GemmRsShared& p, int32_t 
   const Element* tile = reinterpret_cast<const Element*>(p.transport.heaps[p.transport.local_rank] + p.landing +
                                                          landing_offset(plan, m_idx, n_idx, sizeof(Element)));
   Element* out = static_cast<Element*>(p.out);
-  for (int64_t j = threadIdx.x; j < rows * groups; j += blockDim.x) {
-    const int64_t row = j / groups;
-    const int32_t col = static_cast<int32_t>(j % groups) * 8;
-    const Element* src = tile + row * plan.tile_n + col;
-    Element* dst = out + (tile_row0 + row - p.out_first_row) * p.ldo + col0 + col;
-    if (col + 8 <= cols) {
-      *reinterpret_cast<uint4*>(dst) = __ldcg(reinterpret_cast<const uint4*>(src));
-    } else {
-      for (int32_t e = 0; e < cols - col; ++e) dst[e] = src[e];
+  const int64_t work = rows * groups, step = static_cast<int64_t>(blockDim.x);
+  for (int64_t base = threadIdx.x; base < work; base += step * kUnroll) {
+    uint4 v[kUnroll];  // all loads first: see kUnroll
+    CUTE_UNROLL
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t j = base + u * step;
+      const int32_t col = static_cast<int32_t>(j % groups) * 8;
+      if (j < work && col + 8 <= cols) v[u] = __ldcg(reinterpret_cast<const uint4*>(tile + j / groups * plan.tile_n + col));
+    }
+    CUTE_UNROLL
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t j = base + u * step;
+      if (j >= work) continue;
+      const int64_t row = j / groups;
+      const int32_t col = static_cast<int32_t>(j % groups) * 8;
+      Element* dst = out + (tile_row0 + row - p.out_first_row) * p.ldo + col0 + col;
+      if (col + 8 <= cols) {
+        *reinterpret_cast<uint4*>(dst) = v[u];
+      } else {
+        const Element* src = tile + row * plan.tile_n + col;
+        for (int32_t e = 0; e < cols - col; ++e) dst[e] = src[e];
+      }
     }
   }
 }
