@@ -564,6 +564,34 @@ TEST(GemmRsPath, BadArgumentsRaise) {
 namespace interlace {
 namespace {
 
+// Where owners sum in the epilogue, a rank waits only in tile rows wholly its own, and computes them
+// after every tile row it pushes to others: the peers it waits for never wait first, so no cycle.
+TEST(GemmRsPlan, EpilogueSumsWaitOnlyAfterEveryPush) {
+  std::vector<std::vector<int64_t>> layouts = {{4096, 4096}, {256, 512, 0, 768}, {512, 512, 512, 100}, {0, 256},
+                                               {256, 0}, {256, 256, 256, 256, 256, 256, 256, 1}};
+  for (const auto& layout : random_layouts(7, 40, 8, 8)) {
+    std::vector<int64_t> on_grid(layout.size());
+    for (size_t q = 0; q < layout.size(); ++q) on_grid[q] = layout[q] * kGemmRsClusterTileM;
+    layouts.push_back(on_grid);
+  }
+  for (const auto& layout : layouts) {
+    for (int rank = 0; rank < static_cast<int>(layout.size()); ++rank) {
+      ASSERT_TRUE(gemm_rs_sums_in_epilogue(make_gemm_rs_rows(layout, rank, kGemmRsTileM)));
+      const GemmRsRows cluster = make_gemm_rs_rows(layout, rank, kGemmRsClusterTileM);
+      bool waited = false;
+      for (int32_t t : gemm_rs_tile_row_order(cluster)) {
+        ASSERT_EQ(cluster.first_owner(t), cluster.last_owner(t)) << "tile row " << t << " has two owners";
+        const bool own = cluster.first_owner(t) == rank;
+        EXPECT_TRUE(own || !waited) << "rank " << rank << " pushes tile row " << t << " after waiting";
+        waited = waited || own;
+      }
+    }
+  }
+  EXPECT_FALSE(gemm_rs_sums_in_epilogue(make_gemm_rs_rows({100, 100}, 0, kGemmRsTileM)));
+  EXPECT_FALSE(gemm_rs_sums_in_epilogue(make_gemm_rs_rows({384, 384}, 1, kGemmRsTileM)));  // off the cluster grid
+  EXPECT_TRUE(gemm_rs_sums_in_epilogue(make_gemm_rs_rows({77}, 0, kGemmRsTileM)));          // one rank: nothing to wait for
+}
+
 TEST(GemmRsReduceCtas, DefaultFitsAndRequestsAreChecked) {
   EXPECT_EQ(gemm_rs_reduce_ctas(132, 2, 0), kGemmRsReduceCtas);
   EXPECT_EQ(gemm_rs_reduce_ctas(6, 2, 0), 4);  // a small GPU keeps one computing cluster

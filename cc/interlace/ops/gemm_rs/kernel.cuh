@@ -49,6 +49,9 @@ struct GemmRsShared {
   int32_t n;
   int32_t reduce_tiles;  // tiles this rank sums: plan.reduced_rows(me) * tiles_n; 0 when K = 0
   int32_t landing_tiles; // gemm_ar: every output tile (tiles_m * tiles_n; 0 when K = 0); gemm_rs: 0
+  // gemm_rs with every block on the cluster-tile grid (gemm_rs_sums_in_epilogue): an owner sums its
+  // own tiles in the epilogue that computed its partial, and there are no reducers.
+  int32_t sum_in_epilogue = 0;
 };
 
 // gemm_ar's landing tiles: tile (m_idx, n_idx)'s reduced values, 128 x tile_n elements of the output
@@ -212,19 +215,35 @@ __device__ __forceinline__ void copy_landed_tile(const GemmRsShared& p, int32_t 
 
 }  // namespace gemm_rs_detail
 
-// Consumers, with a finished 128 x kTileN tile in registers: its fp32 partial goes, whole, into the
-// staging tile for (tile, this rank) of every owner of its rows, this rank included (rows outside an
-// owner's block land there unused, so the stores need no predicates: TMA filled rows and columns
-// past the problem with zeros). Then, once every consumer thread of the tile has stored (a named
-// barrier: one warpgroup in ping-pong, both in cooperative), one thread raises each owner's flag for
-// (tile, this rank) with a system fence and a release store (NvlinkTransport::signal).
+// Consumers, with a finished 128 x kTileN tile in registers. A tile of other owners' rows: its fp32
+// partial goes, whole, into the staging tile for (tile, this rank) of every owner of its rows (rows
+// outside an owner's block land there unused, so the stores need no predicates: TMA filled rows and
+// columns past the problem with zeros); then, once every consumer thread of the tile has stored (a
+// named barrier: one warpgroup in ping-pong, both in cooperative), one thread raises each owner's
+// flag for (tile, this rank) with a system fence and a release store (NvlinkTransport::signal).
+// Without sum_in_epilogue this rank's own rows go the same way, into its own staging, for the
+// reducers. With it, a tile of this rank's own rows is summed right here: the peers' partials (which
+// they computed early in their order, without waiting) plus the one in registers, in rank order,
+// rounded once into out.
 //
-// The stores are 8-byte column pairs straight from registers, over NVLink for peers. The issue's
-// design stages the tile in shared memory and pushes it with wide (or TMA bulk) stores; that is the
-// first thing to measure and change (UNMEASURED).
-template <OpId kOp>
+// The pushes are 8-byte column pairs straight from registers, over NVLink for peers. The issue's
+// design stages the tile in shared memory and pushes it with wide (or TMA bulk) stores.
+template <class Element, OpId kOp>
 struct GemmRsEpilogue {
   using Params = GemmRsShared;
+
+  // The tile's consumer threads meet. Named barriers 8 and 9 (CUTLASS's user ids 0 and 1): the
+  // engine's pipelines and turn-taking use mbarriers only, and the copier CTAs, which use
+  // __syncthreads, run no epilogue. In ping-pong the warpgroups store different tiles, so each has
+  // its own id. Constant ids, so that ptxas reserves only these two.
+  template <int kThreads>
+  __device__ __forceinline__ static void tile_barrier() {
+    if (kThreads == 256 || threadIdx.x < 256) {
+      cutlass::arch::NamedBarrier::sync(kThreads, 0);  // cooperative, or ping-pong's consumer 0 (threads 128-255)
+    } else {
+      cutlass::arch::NamedBarrier::sync(kThreads, 1);  // ping-pong's consumer 1 (threads 256-383)
+    }
+  }
 
   template <class TileShape, class Accumulators, class TiledMma>
   __device__ __forceinline__ static void store(const Params& p, const Accumulators& accum, const TiledMma& tiled_mma,
@@ -242,12 +261,15 @@ struct GemmRsEpilogue {
     // so none of them reaches the barrier below).
     if (static_cast<int64_t>(m_idx) * kTileM >= m) return;
     const int32_t me = t.local_rank;
+    Tensor coords = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));  // within the tile
+    Tensor tile_coords = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
+    if (p.sum_in_epilogue && plan.rows.first_owner(m_idx) == me) {  // the whole tile is this rank's
+      sum_own_tile<kTileN, kThreads>(p, accum, tile_coords, thread_idx, m_idx, n_idx);
+      return;
+    }
     // The receivers of this tile: the owners of its rows, or every rank (gemm_ar's one-shot path).
     const int32_t first = plan.every_rank_reduces ? 0 : plan.rows.first_owner(m_idx);
     const int32_t last = plan.every_rank_reduces ? plan.rows.world - 1 : plan.rows.last_owner(m_idx);
-
-    Tensor coords = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));  // within the tile
-    Tensor tile_coords = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
     for (int32_t q = first; q <= last; ++q) {
       if (!plan.receives(q, m_idx)) continue;  // an empty block between the tile's owners
       float* staged = reinterpret_cast<float*>(t.heaps[q] + p.staging + plan.staging_offset(q, me, m_idx, n_idx));
@@ -258,20 +280,80 @@ struct GemmRsEpilogue {
         *reinterpret_cast<float2*>(staged + row * kTileN + col) = make_float2(accum(i), accum(i + 1));
       }
     }
-    // Named barriers 8 and 9 (CUTLASS's user ids 0 and 1): the engine's pipelines and turn-taking use
-    // mbarriers only, and the copier CTAs, which use __syncthreads, run no epilogue. In ping-pong the
-    // warpgroups store different tiles, so each has its own id.
-    // Constant ids, so that ptxas reserves only these two.
-    if (kThreads == 256 || threadIdx.x < 256) {
-      cutlass::arch::NamedBarrier::sync(kThreads, 0);  // cooperative, or ping-pong's consumer 0 (threads 128-255)
-    } else {
-      cutlass::arch::NamedBarrier::sync(kThreads, 1);  // ping-pong's consumer 1 (threads 256-383)
-    }
+    tile_barrier<kThreads>();
     if (thread_idx != 0) return;
     const uint64_t number = gemm_rs_detail::op_number(t);
     GemmRsFlags& f = gemm_rs_detail::flags<kOp>(t);
     for (int32_t q = first; q <= last; ++q) {
       if (plan.receives(q, m_idx)) t.signal(q, &f.flag[plan.partial_slot(q, me, m_idx, n_idx)], number);
+    }
+  }
+
+  // out's rows of own tile (m_idx, n_idx) = the world's partials in rank order (sum_in_rank_order,
+  // the reducers' bits), the peers' from this rank's staging once their flags rise, its own from
+  // registers. Loads in batches of kBatch column pairs, all of a sender's issued before any add.
+  // A failed wait (abort, timeout) has recorded why and returns: the sum then reads whatever is
+  // there, nothing waits any longer, and the call raises.
+  template <int kTileN, int kThreads, class Accumulators, class Coords>
+  __device__ __forceinline__ static void sum_own_tile(const Params& p, const Accumulators& accum, const Coords& tile_coords,
+                                                      int thread_idx, int m_idx, int n_idx) {
+    using namespace cute;
+    constexpr int kPairs = decltype(size(Accumulators{}))::value / 2;
+    constexpr int kBatch = 16;
+    static_assert(kPairs % kBatch == 0, "a thread's accumulators come in batches");
+    const GemmRsPlan& plan = p.plan;
+    const device::NvlinkTransport& t = p.transport;
+    const int32_t me = t.local_rank, world = plan.rows.world;
+    if (thread_idx < world && thread_idx != me) {
+      const uint64_t number = gemm_rs_detail::op_number(t);
+      t.wait(&gemm_rs_detail::flags<kOp>(t).flag[plan.partial_slot(me, thread_idx, m_idx, n_idx)], number, p.wait,
+             FlagId::kPartial, thread_idx);
+    }
+    tile_barrier<kThreads>();  // the waiters' acquires, then everyone's loads
+    const float* staged = reinterpret_cast<const float*>(t.heaps[me] + p.staging + plan.staging_offset(me, 0, m_idx, n_idx));
+    const uint64_t sender_stride = plan.tile_bytes / sizeof(float);  // a tile's senders lie one after another
+    const int64_t tile_row0 = static_cast<int64_t>(m_idx) * plan.rows.tile_m;
+    const int64_t rows_here = plan.rows.start[me + 1] - tile_row0;  // rows past this rank's block: not out's
+    const int32_t col0 = n_idx * kTileN;
+    const int32_t cols_here = p.n - col0;
+    Element* out = static_cast<Element*>(p.out) + (tile_row0 - p.out_first_row) * p.ldo + col0;
+    CUTE_UNROLL
+    for (int b = 0; b < kPairs; b += kBatch) {
+      float2 sum[kBatch];
+      for (int32_t s = 0; s < world; ++s) {
+        float2 v[kBatch];
+        CUTE_UNROLL
+        for (int j = 0; j < kBatch; ++j) {
+          const int i = 2 * (b + j);
+          if (s == me) {
+            v[j] = make_float2(accum(i), accum(i + 1));
+          } else {
+            // __ldcg: L2 only; the peer wrote these over NVLink and the acquire made them visible.
+            v[j] = __ldcg(reinterpret_cast<const float2*>(staged + s * sender_stride + get<0>(tile_coords(i)) * kTileN +
+                                                          get<1>(tile_coords(i))));
+          }
+        }
+        CUTE_UNROLL
+        for (int j = 0; j < kBatch; ++j) {
+          sum[j] = s == 0 ? v[j] : make_float2(sum[j].x + v[j].x, sum[j].y + v[j].y);
+        }
+      }
+      CUTE_UNROLL
+      for (int j = 0; j < kBatch; ++j) {
+        const int i = 2 * (b + j);
+        const int row = get<0>(tile_coords(i));
+        const int col = get<1>(tile_coords(i));
+        if (row >= rows_here || col >= cols_here) continue;
+        Element* dst = out + row * p.ldo + col;
+        if (col + 1 < cols_here) {  // col is even and out's rows 16-byte aligned: a 4-byte pair
+          cutlass::AlignedArray<Element, 2> pair;
+          pair[0] = Element(sum[j].x);
+          pair[1] = Element(sum[j].y);
+          *reinterpret_cast<cutlass::AlignedArray<Element, 2>*>(dst) = pair;
+        } else {
+          dst[0] = Element(sum[j].x);
+        }
+      }
     }
   }
 };

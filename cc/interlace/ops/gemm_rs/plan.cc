@@ -81,6 +81,13 @@ GemmRsPlan make_gemm_rs_plan(const GemmRsRows& rows, int64_t n, int tile_n, Gemm
   return p;
 }
 
+bool gemm_rs_sums_in_epilogue(const RowBlocks& rows) {
+  for (int32_t q = 1; q < rows.world; ++q) {
+    if (rows.start[q] % kGemmRsClusterTileM != 0) return false;
+  }
+  return true;
+}
+
 int gemm_rs_reduce_ctas(int ctas, int cluster, int requested) {
   IL_CHECK(cluster >= 1 && ctas >= 2 * cluster, "gemm_rs: ", ctas, " resident CTAs leave no room for reducers beside ",
            "a computing cluster of ", cluster);

@@ -150,12 +150,21 @@ GemmRsPlan make_gemm_rs_plan(const GemmRsRows& rows, int64_t n, int tile_n, Gemm
 // reference; GemmRsOrder walks the same order in closed form.
 std::vector<int32_t> gemm_rs_tile_row_order(const GemmRsRows& rows);
 
+// Whether gemm_rs's owners sum their own tiles in the GEMM's epilogue instead of in reducer CTAs:
+// when every block starts on the cluster-tile grid (kGemmRsClusterTileM rows), so that each tile row
+// has one owner. A rank then computes all of its own tiles last (GemmRsOrder) and only they wait (for
+// the peers' partials); the peers compute those tiles in earlier slots, which never wait: no cycle of
+// waits, and every SM computes. Blocks off the grid (a tile row spanning owners, waited on by each
+// of them in different slots) keep the reducers.
+bool gemm_rs_sums_in_epilogue(const RowBlocks& rows);
+
 // The reducers: CTAs set aside from the GEMM (the engine's SM budget, GemmParams::copy_ctas) that sum
 // the tiles this rank owns as their partials land. A multiple of the cluster size leaving at least one
 // cluster of the `ctas` resident CTAs to compute; requested 0 means kGemmRsReduceCtas (or fewer on a
-// small GPU). 8 is a starting point, not a measurement: each reducer reads world x 64 KiB and writes
-// 32 KiB per 128 x 128 tile from local memory.
-constexpr int kGemmRsReduceCtas = 8;
+// small GPU). Measured on 2 x H200 at 8192 x 14336 x 8192 when every gemm_rs call still used
+// reducers: 3.47 ms with 8, 2.24 with 16, 1.73 with 32 (the GEMM alone: 1.36); a reducer sums one
+// tile at a time, so it takes many (bench/results/NOTES.md).
+constexpr int kGemmRsReduceCtas = 32;
 int gemm_rs_reduce_ctas(int ctas, int cluster, int requested);
 
 // Path rule, a starting point to be tuned on the GPU: its numbers are placeholders, not measurements.
