@@ -44,9 +44,8 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
     const int64_t m = l.problem.m, n = l.problem.n, k = l.problem.k;
     tile_n = checked_tile_n("gemm_ar", tuning, m, n, group.num_sms());
     const int band_m = band_m_for(tuning, tile_n);
-    // Who reduces what is the plan's choice: whole, balanced cluster-tile rows, one owner per tile, so
-    // that the owners sum in the epilogue (gemm_rs_sums_in_epilogue).
-    const std::vector<int64_t> rows = gemm_ar_rows_per_rank(m, topo.world_size, kGemmRsClusterTileM);
+    // Who reduces what is the plan's choice: whole, balanced tile rows, one owner per tile.
+    const std::vector<int64_t> rows = gemm_ar_rows_per_rank(m, topo.world_size, kGemmRsTileM);
     const GemmRsRows tile_rows = make_gemm_rs_rows(rows, me, kGemmRsTileM);
     const GemmRsRows cluster_rows = make_gemm_rs_rows(rows, me, kGemmRsClusterTileM);
     GemmRsShared& s = l.shared;
@@ -57,11 +56,7 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
     const TileGrid grid = tile_grid(m, n, kGemmRsClusterTileM, tile_n);
     with_variant<OpId::kGemmAr>(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
                                 [&](auto v) { l.ctas = resident_ctas<decltype(v)>(group.device(), group.num_sms()); });
-    // The one-shot path (every rank sums every tile) keeps the reducers. With sums in the epilogue the
-    // copier CTAs only copy the other owners' landed tiles into out.
-    s.sum_in_epilogue = s.plan.broadcast && gemm_rs_sums_in_epilogue(tile_rows);
-    l.reduce_ctas = gemm_rs_reduce_ctas(l.ctas, kClusterM,
-                                        tuning.reduce_ctas || !s.sum_in_epilogue ? tuning.reduce_ctas : kGemmArCopyCtas);
+    l.reduce_ctas = gemm_rs_reduce_ctas(l.ctas, kClusterM, tuning.reduce_ctas);
     l.num_tiles = k == 0 ? 0 : grid.num_tiles();
     l.order = GemmRsOrder::make(cluster_rows, grid.tiles_n, band_m);
 
@@ -88,7 +83,7 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
     s.ldo = l.problem.ldc;
     s.out_first_row = 0;
     s.n = static_cast<int32_t>(n);
-    s.reduce_tiles = k == 0 || s.sum_in_epilogue ? 0 : s.plan.reduced_rows(me) * s.plan.tiles_n;
+    s.reduce_tiles = k == 0 ? 0 : s.plan.reduced_rows(me) * s.plan.tiles_n;
     s.landing_tiles = k == 0 ? 0 : landing_tiles;
     l.a = a.data;
     l.b = b.data;

@@ -345,28 +345,14 @@ struct GemmRsEpilogue {
         const int col = get<1>(tile_coords(i));
         if (row >= rows_here || col >= cols_here) continue;
         Element* dst = out + row * p.ldo + col;
-        cutlass::AlignedArray<Element, 2> pair;
-        pair[0] = Element(sum[j].x);
-        pair[1] = Element(sum[j].y);
         if (col + 1 < cols_here) {  // col is even and out's rows 16-byte aligned: a 4-byte pair
+          cutlass::AlignedArray<Element, 2> pair;
+          pair[0] = Element(sum[j].x);
+          pair[1] = Element(sum[j].y);
           *reinterpret_cast<cutlass::AlignedArray<Element, 2>*>(dst) = pair;
         } else {
-          dst[0] = pair[0];
+          dst[0] = Element(sum[j].x);
         }
-        if constexpr (kOp == OpId::kGemmAr) {  // and into every peer's landing tile (whole pairs: tiles are padded)
-          for (int32_t k = 1; k < world; ++k) {  // rank + 1 first, so that owners spread their stores
-            Element* tile = reinterpret_cast<Element*>(t.heaps[(me + k) % world] + p.landing +
-                                                       landing_offset(plan, m_idx, n_idx, sizeof(Element)));
-            *reinterpret_cast<cutlass::AlignedArray<Element, 2>*>(tile + row * kTileN + col) = pair;
-          }
-        }
-      }
-    }
-    if constexpr (kOp == OpId::kGemmAr) {
-      tile_barrier<kThreads>();  // every thread's stores issued; thread q raises peer q's flag after a fence
-      if (thread_idx < world && thread_idx != me) {
-        t.signal(thread_idx, &gemm_rs_detail::flags<kOp>(t).flag[plan.reduced_flag(m_idx, n_idx)],
-                 gemm_rs_detail::op_number(t));
       }
     }
   }
@@ -417,38 +403,25 @@ struct GemmRsPhases {
         t.signal(thread, &f.flag[plan.reduced_flag(m_idx, n_idx)], number);
       }
     }
-    if constexpr (kAllReduce) copy_landed_tiles(p, cta, ctas);
-  }
-
-  // gemm_ar: every other owner's reduced tiles, from this rank's landing tiles into out as their flags
-  // rise; CTA cta of ctas takes positions cta, cta + ctas, ... of the output's tiles, row-major.
-  __device__ static void copy_landed_tiles(const Params& p, int cta, int ctas) {
-    using namespace gemm_rs_detail;
-    const device::NvlinkTransport& t = p.transport;
-    const GemmRsPlan& plan = p.plan;
-    __shared__ int failed;
-    if (threadIdx.x == 0) failed = 0;
-    __syncthreads();
-    const uint64_t number = op_number(t);
-    GemmRsFlags& f = flags<kOp>(t);
-    for (int32_t i = cta; i < p.landing_tiles; i += ctas) {
-      const int32_t m_idx = i / plan.tiles_n, n_idx = i % plan.tiles_n;
-      if (plan.receives(t.local_rank, m_idx)) continue;  // reduced here (uniform over the CTA)
-      const int32_t owner = plan.rows.first_owner(m_idx);  // whole tile rows: the one owner
-      if (threadIdx.x == 0 &&
-          t.wait(&f.flag[plan.reduced_flag(m_idx, n_idx)], number, p.wait, FlagId::kReduced, owner) == 0) {
-        failed = 1;
+    if constexpr (kAllReduce) {
+      // Every other owner's tiles: position i of the output's tiles, row-major, skipping this rank's.
+      for (int32_t i = cta; i < p.landing_tiles; i += ctas) {
+        const int32_t m_idx = i / plan.tiles_n, n_idx = i % plan.tiles_n;
+        if (plan.receives(me, m_idx)) continue;  // reduced here (uniform over the CTA)
+        const int32_t owner = plan.rows.first_owner(m_idx);  // whole tile rows: the one owner
+        if (thread == 0 &&
+            t.wait(&f.flag[plan.reduced_flag(m_idx, n_idx)], number, p.wait, FlagId::kReduced, owner) == 0) {
+          failed = 1;
+        }
+        __syncthreads();
+        if (failed) return;
+        copy_landed_tile<Element>(p, m_idx, n_idx);
+        __syncthreads();
       }
-      __syncthreads();
-      if (failed) return;
-      copy_landed_tile<Element>(p, m_idx, n_idx);
-      __syncthreads();
     }
   }
 
-  __device__ static void end(const Params& p) {
-    device::op_end(p.transport);
-  }
+  __device__ static void end(const Params& p) { device::op_end(p.transport); }
 };
 
 }  // namespace interlace

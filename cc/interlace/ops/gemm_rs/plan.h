@@ -165,9 +165,6 @@ bool gemm_rs_sums_in_epilogue(const RowBlocks& rows);
 // reducers: 3.47 ms with 8, 2.24 with 16, 1.73 with 32 (the GEMM alone: 1.36); a reducer sums one
 // tile at a time, so it takes many (bench/results/NOTES.md).
 constexpr int kGemmRsReduceCtas = 32;
-// gemm_ar with sums in the epilogue: copier CTAs that only move the other owners' reduced tiles from
-// the landing tiles into out (a local copy of (W - 1) / W of out). A starting point, not measured.
-constexpr int kGemmArCopyCtas = 8;
 int gemm_rs_reduce_ctas(int ctas, int cluster, int requested);
 
 // Path rule, a starting point to be tuned on the GPU: its numbers are placeholders, not measurements.
