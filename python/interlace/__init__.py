@@ -174,7 +174,7 @@ def gemm_rs(a, b, out, group, *, shard_rows=None, stream=None, band_m=0, tile_n=
     of 2) set aside to sum this rank's tiles as they land (8).
     Needs heap scratch for the fp32 partials of the tiles this rank owns from every rank (world x its
     rows x N x 4 bytes, rounded up to whole tiles). Stream-ordered, graph-capturable; raises
-    interlace.Error before any GPU work on bad arguments. DRAFT: not yet run on a GPU."""
+    interlace.Error before any GPU work on bad arguments."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: interlace.gemm_rs writes into out")
     native = _native(group)
@@ -192,7 +192,7 @@ def gemm_ar(a, b, out, group, *, stream=None, band_m=0, tile_n=0, pingpong=True,
     every rank: the result is bitwise the same on every run and on every rank. Tuning as gemm_rs.
     Needs heap scratch for the fp32 partials of the tiles this rank owns (world x M / world x N x 4
     bytes, about) and a landing copy of out (M x N x 2 bytes). Stream-ordered, graph-capturable; raises
-    interlace.Error before any GPU work on bad arguments. DRAFT: not yet run on a GPU."""
+    interlace.Error before any GPU work on bad arguments."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: interlace.gemm_ar writes into out")
     native = _native(group)

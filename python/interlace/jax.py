@@ -100,7 +100,7 @@ def gemm(a, b, *, band_m=0, tile_n=0, cluster_m=0, pingpong=True) -> "_jax.Array
 def gemm_rs(a, b, group, *, shard_rows=None, band_m=0, tile_n=0, pingpong=True, reduce_ctas=0) -> "_jax.Array":
     """This rank's rows of the sum over ranks of a[M, K_r] @ b[K_r, N] (K split across ranks), in one
     launch. shard_rows: every rank's output rows, the same list on every rank (default: even blocks).
-    Tuning as in interlace.gemm_rs. A draft, not yet run on a GPU."""
+    Tuning as in interlace.gemm_rs."""
     _register()
     handle = _group_handle(group)
     if a.ndim != 2 or b.ndim != 2:
@@ -114,7 +114,7 @@ def gemm_rs(a, b, group, *, shard_rows=None, band_m=0, tile_n=0, pingpong=True, 
 
 def gemm_ar(a, b, group, *, band_m=0, tile_n=0, pingpong=True, reduce_ctas=0) -> "_jax.Array":
     """The sum over ranks of a[M, K_r] @ b[K_r, N] (K split across ranks) on every rank, in one launch.
-    Tuning as in interlace.gemm_ar. A draft, not yet run on a GPU."""
+    Tuning as in interlace.gemm_ar."""
     _register()
     handle = _group_handle(group)
     if a.ndim != 2 or b.ndim != 2:

@@ -233,7 +233,7 @@ def _(a, b, group):
 
 def gemm_rs(a: _torch.Tensor, b: _torch.Tensor, group, *, shard_rows=None, out: _torch.Tensor = None):
     """This rank's rows of the sum over ranks of a @ b (K split across ranks) in one launch (see
-    interlace.gemm_rs; a draft, not yet run on a GPU), as torch.ops.interlace.gemm_rs (a new tensor)
+    interlace.gemm_rs), as torch.ops.interlace.gemm_rs (a new tensor)
     or, with out=, torch.ops.interlace.gemm_rs_into (returns out). shard_rows: every rank's output
     rows, for uneven blocks."""
     rows = None if shard_rows is None else [int(r) for r in shard_rows]
@@ -245,7 +245,7 @@ def gemm_rs(a: _torch.Tensor, b: _torch.Tensor, group, *, shard_rows=None, out: 
 
 def gemm_ar(a: _torch.Tensor, b: _torch.Tensor, group, *, out: _torch.Tensor = None):
     """The sum over ranks of a @ b (K split across ranks) on every rank, in one launch (see
-    interlace.gemm_ar; a draft, not yet run on a GPU), as torch.ops.interlace.gemm_ar (a new tensor)
+    interlace.gemm_ar), as torch.ops.interlace.gemm_ar (a new tensor)
     or, with out=, torch.ops.interlace.gemm_ar_into (returns out)."""
     if out is None:
         return _torch.ops.interlace.gemm_ar(a, b, group.handle)

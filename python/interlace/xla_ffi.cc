@@ -122,7 +122,7 @@ ffi::Error ag_gemm_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a_sh
   });
 }
 
-// gemm_rs and gemm_ar: drafts, never run on a GPU.
+// gemm_rs and gemm_ar.
 ffi::Error gemm_rs_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
                         ffi::Result<ffi::AnyBuffer> out, int64_t group, ffi::Span<const int64_t> shard_rows,
                         int64_t band_m, int64_t tile_n, int64_t pingpong, int64_t reduce_ctas) {

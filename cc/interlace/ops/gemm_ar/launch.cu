@@ -5,7 +5,6 @@
 //   one-shot    (decode: small M, one wave of tiles, a small push) every rank's epilogue pushes every
 //               tile's partial to every rank, and every rank's reducers sum all of out: no second hop.
 // Both add the same fp32 values in the same order: the same bits on every rank and either path.
-// DRAFT, never run on a GPU.
 #include "interlace/ops/gemm_ar/launch.h"
 
 #include <string>

@@ -13,7 +13,7 @@ namespace interlace {
 // none); b: [K_r, N], row-major or K-contiguous (a Linear weight [N, K_r] passed transposed). bf16 or
 // fp16; partials summed in fp32 in rank order and rounded once, by one owner per tile row, so out is
 // bitwise the same on every run and on every rank. Tuning as gemm_rs's. Checks everything before GPU
-// work. DRAFT: never run on a GPU yet.
+// work.
 void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const TensorView& out, cudaStream_t stream,
              GemmRsTuning tuning = {});
 

@@ -1,6 +1,6 @@
 // gemm_rs and gemm_ar over NVLink: out = this rank's rows (gemm_rs) or all rows (gemm_ar) of the sum
-// over ranks of a_r @ b_r, in one launch of the GEMM engine. DRAFT: compiles, never run on a GPU (see
-// DESIGN.md, "gemm_rs").
+// over ranks of a_r @ b_r, in one launch of the GEMM engine (DESIGN.md,
+// "gemm_rs and gemm_ar").
 //
 // K is split across ranks, so every rank computes a partial of every output tile (plan.h). The
 // engine runs as a plain GEMM over [M, K_r] @ [K_r, N] in GemmRsOrder (owner rank + 1's rows first,
@@ -10,6 +10,9 @@
 //   GemmRsEpilogue   instead of storing the tile to out, stores its fp32 partial into the staging
 //                    tile for (tile, this rank) of every owner whose rows the tile touches (this rank
 //                    included), then raises that staging tile's flag there to the call's op number;
+//                    with sum_in_epilogue (gemm_rs, blocks on the cluster-tile grid) a tile of this
+//                    rank's own rows is instead summed right there, from the peers' staged partials
+//                    and its registers, into out, and there are no reducers;
 //   Phases::copy     the reducers: the last copy_ctas CTAs (the engine's SM budget) take this rank's
 //                    tiles in the plan's reduce order, wait for every sender's flag of a tile, sum the
 //                    world's partials in rank order in fp32 and round once into out;
@@ -18,8 +21,10 @@
 //                    copy every other owner's tiles from this rank's landing tiles into out as they
 //                    land. gemm_ar, one-shot path (decode): every rank receives every partial and
 //                    sums all of out itself.
-// The GEMM CTAs never wait on anything but the handshake, so they always finish; the reducers wait,
-// bounded: a failed wait (abort, timeout) has recorded why and returns, and the call raises afterwards.
+// Without sum_in_epilogue the GEMM CTAs never wait on anything but the handshake, so they always
+// finish; with it they wait only in their own tiles, which come last (GemmRsOrder), for partials that
+// peers compute without waiting. Every wait is bounded: a failed one (abort, timeout) has recorded
+// why and returns, and the call raises afterwards.
 #pragma once
 
 #include <cstdint>

@@ -23,7 +23,7 @@ struct GemmRsTuning {
 // none); b: [K_r, N], row-major or K-contiguous (a Linear weight [N, K_r] passed transposed); out:
 // [rows of this rank, N]. shard_rows: every rank's output rows, the same list on every rank; empty
 // means even blocks (M / W). bf16 or fp16; partials summed in fp32 in rank order, rounded once.
-// Checks everything before GPU work. DRAFT: never run on a GPU yet.
+// Checks everything before GPU work.
 void gemm_rs(Group& group, const TensorView& a, const TensorView& b, const TensorView& out,
              const std::vector<int64_t>& shard_rows, cudaStream_t stream, GemmRsTuning tuning = {});
 

@@ -1,6 +1,6 @@
 // Host and device plan of gemm_rs and gemm_ar (issue 9: fused GEMM+ReduceScatter and GEMM+AllReduce).
-// Everything here is CPU-tested (tests/cc/gemm_rs_plan_test.cc). The kernel (kernel.cuh, a draft
-// never run on a GPU) runs gemm_rs and both gemm_ar paths with fp32 partials; partials in the input
+// Everything here is CPU-tested (tests/cc/gemm_rs_plan_test.cc). The kernel (kernel.cuh) runs gemm_rs
+// and both gemm_ar paths with fp32 partials; partials in the input
 // dtype are the plan's only. The standalone reduce_scatter and all_reduce: ops/reduce/.
 //
 // K is split across ranks, so every rank computes a partial of EVERY output tile. Rank r owns the
