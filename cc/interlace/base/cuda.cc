@@ -30,6 +30,13 @@ int require_gpus() {
   return count;
 }
 
+void require_hopper(int device, const char* op) {
+  int major = 0, minor = 0;
+  IL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  IL_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  IL_CHECK(major == 9 && minor == 0, op, ": the engine needs a Hopper GPU (sm_90), this is sm_", major, minor);
+}
+
 namespace {
 
 template <typename Fn>

@@ -37,6 +37,10 @@ const DriverApi& driver();
 // Number of visible CUDA devices; raises "no CUDA GPU is present" when there are none.
 int require_gpus();
 
+// Raises unless `device` is a Hopper GPU (sm_90), which the GEMM engine's wgmma, TMA and register
+// reallocation need; op names the caller.
+void require_hopper(int device, const char* op);
+
 // Makes `device` current for its lifetime and then restores the caller's current device: library
 // calls never leave the caller on another GPU.
 class DeviceGuard {

@@ -51,10 +51,8 @@ void gemm(const TensorView& a, const TensorView& b, const TensorView& out, cudaS
            "gemm: tile_n must be 0 (automatic), 128 or 256, got ", tuning.tile_n);
   IL_CHECK(!tuning.pingpong || tuning.tile_n == 0 || tuning.tile_n == 128,
            "gemm: ping-pong tiles are 128 wide; tile_n=", tuning.tile_n, " needs pingpong=False");
-  int major = 0, minor = 0, num_sms = 0;
-  IL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  IL_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  IL_CHECK(major == 9 && minor == 0, "gemm: the engine needs a Hopper GPU (sm_90), this is sm_", major, minor);
+  require_hopper(device, "gemm");
+  int num_sms = 0;
   IL_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
   if (tuning.cluster_m == 0) tuning.cluster_m = 2;
   const int tile_n = tuning.pingpong ? 128

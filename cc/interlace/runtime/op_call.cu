@@ -151,4 +151,12 @@ void OpCall::cancel_on_device() {
   }
 }
 
+void check_one_node(const Group& group, const char* op) {
+  const Topology& topo = group.topology();
+  IL_CHECK(topo.num_nodes == 1, op, ": the group spans ", topo.num_nodes,
+           " nodes; this op does not use the cross-node proxy yet");
+  // Shares are owned by global rank and peers are addressed by local rank: the same on one node.
+  IL_CHECK(topo.local_rank == topo.rank, op, ": local rank ", topo.local_rank, " is not global rank ", topo.rank);
+}
+
 }  // namespace interlace

@@ -58,6 +58,10 @@ class OpCall {
   bool capturing_ = false;
 };
 
+// Raises unless the group is one node: the ops address peers by local rank over NVLink; none uses the
+// cross-node proxy yet. For OpCall::agree's checks.
+void check_one_node(const Group& group, const char* op);
+
 // The 24-bit hash of a signature that kernels compare (never kCancelSignature).
 uint64_t signature_hash(const std::string& signature);
 

@@ -177,12 +177,8 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
   AgGemmTransfer transfer = AgGemmTransfer::kAuto;
   const uint64_t signature = call.agree([&] {
     // Everything that can fail is checked here, before any GPU work, so that every rank raises.
-    IL_CHECK(topo.num_nodes == 1, "ag_gemm: the group spans ", topo.num_nodes,
-             " nodes; across nodes it needs the proxy transport, which is not built yet");
-    int major = 0, minor = 0;
-    IL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, group.device()));
-    IL_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, group.device()));
-    IL_CHECK(major == 9 && minor == 0, "ag_gemm: the engine needs a Hopper GPU (sm_90), this is sm_", major, minor);
+    check_one_node(group, "ag_gemm");
+    require_hopper(group.device(), "ag_gemm");
     IL_CHECK(a_shard.shape.size() == 2, "ag_gemm: a_shard must be 2-D [rows, K], got ", a_shard.shape_string());
     IL_CHECK(out.shape.size() == 2, "ag_gemm: out must be 2-D [M, N], got ", out.shape_string());
     IL_CHECK(a_shard.contiguous(), "ag_gemm: a_shard must be contiguous (row-major)");

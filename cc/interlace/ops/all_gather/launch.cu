@@ -40,8 +40,7 @@ void all_gather(Group& group, const TensorView& out, const TensorView& inp, cuda
   size_t landing = 0;
   const uint64_t signature = call.agree([&] {
     check_all_gather_args(out, inp, topo.world_size, group.device());
-    IL_CHECK(topo.num_nodes == 1, "all_gather: the group spans ", topo.num_nodes,
-             " nodes; across nodes it needs the proxy transport, which is not built yet");
+    check_one_node(group, "all_gather");
     plan = plan_all_gather(bytes, resident_blocks(group), tuning);
     out_offset = heap.offset_of(out.data, out.nbytes());
     landing = out_offset >= 0 || bytes == 0

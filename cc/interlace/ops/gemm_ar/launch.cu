@@ -30,12 +30,8 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
   int tile_n = 0;
   const uint64_t signature = call.agree([&] {
     // Everything that can fail is checked here, before any GPU work, so that every rank raises.
-    IL_CHECK(topo.num_nodes == 1, "gemm_ar: the group spans ", topo.num_nodes,
-             " nodes; across nodes it needs the proxy transport, which is not built yet");
-    int major = 0, minor = 0;
-    IL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, group.device()));
-    IL_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, group.device()));
-    IL_CHECK(major == 9 && minor == 0, "gemm_ar: the engine needs a Hopper GPU (sm_90), this is sm_", major, minor);
+    check_one_node(group, "gemm_ar");
+    require_hopper(group.device(), "gemm_ar");
     IL_CHECK(topo.world_size <= kGemmRsMaxRanks, "gemm_ar: at most ", kGemmRsMaxRanks, " ranks");
     // out is the whole [M, N], so the plain GEMM's checks apply as they are.
     l.problem = check_gemm_args(a, b, out, group.device());

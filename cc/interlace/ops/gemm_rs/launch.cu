@@ -63,12 +63,8 @@ void gemm_rs(Group& group, const TensorView& a, const TensorView& b, const Tenso
   int tile_n = 0;
   const uint64_t signature = call.agree([&] {
     // Everything that can fail is checked here, before any GPU work, so that every rank raises.
-    IL_CHECK(topo.num_nodes == 1, "gemm_rs: the group spans ", topo.num_nodes,
-             " nodes; across nodes it needs the proxy transport, which is not built yet");
-    int major = 0, minor = 0;
-    IL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, group.device()));
-    IL_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, group.device()));
-    IL_CHECK(major == 9 && minor == 0, "gemm_rs: the engine needs a Hopper GPU (sm_90), this is sm_", major, minor);
+    check_one_node(group, "gemm_rs");
+    require_hopper(group.device(), "gemm_rs");
     IL_CHECK(a.shape.size() == 2 && b.shape.size() == 2 && out.shape.size() == 2,
              "gemm_rs: a, b and out must be 2-D ([M, K_r], [K_r, N], [rows of this rank, N]); got ", a.shape_string(),
              ", ", b.shape_string(), ", ", out.shape_string());

@@ -63,14 +63,6 @@ Params base_params(Group& group, OpId op, uint64_t signature, const ReducePlan& 
   return p;
 }
 
-void check_one_node(const Group& group, const char* op) {
-  const Topology& topo = group.topology();
-  IL_CHECK(topo.num_nodes == 1, op, ": the group spans ", topo.num_nodes,
-           " nodes; across nodes it needs the proxy transport, which is not built yet");
-  // Shares are owned by global rank and peers are addressed by local rank: the same on one node.
-  IL_CHECK(topo.local_rank == topo.rank, op, ": local rank ", topo.local_rank, " is not global rank ", topo.rank);
-}
-
 const char* algorithm_name(ReduceAlgorithm a) {
   switch (a) {
     case ReduceAlgorithm::kOneShot: return "one_shot";
