@@ -114,9 +114,9 @@ def check_reductions():
 
 
 def check_row_parallel():
-    """gemm_rs and gemm_ar under jit: K split over ranks (512 rows on 2 GPUs: even blocks of 256, whose owners sum
-    in the epilogue; 384: blocks of 192, summed by reducers), against the fp32 sum of every rank's
-    product; gemm_ar's out equal on every rank, bit for bit."""
+    """gemm_rs and gemm_ar under jit: K split over ranks (512 rows on 2 GPUs: even blocks of 256,
+    whose owners sum in the epilogue; 384: blocks of 192, summed by reducers), against the fp32 sum
+    of every rank's product; gemm_ar's out equal on every rank, bit for bit."""
     rs = jax.jit(lambda a, w: jax.nn.relu(ij.gemm_rs(a, w, group)))
     ar = jax.jit(lambda a, w: ij.gemm_ar(a, w, group))
     for m in (512, 384):
@@ -125,7 +125,8 @@ def check_row_parallel():
             a, w = shard(RANK, m, seed, 128), shard(RANK, 128, seed + 1, N)
             total = sum(reference_matmul(shard(q, m, seed, 128), shard(q, 128, seed + 1, N)) for q in range(WORLD))
             rows = m // WORLD
-            check(rs(put(a), put(w)), jax.nn.relu(total[RANK * rows:(RANK + 1) * rows]), f"jit gemm_rs m={m} step {step}")
+            mine = total[RANK * rows:(RANK + 1) * rows]
+            check(rs(put(a), put(w)), jax.nn.relu(mine), f"jit gemm_rs m={m} step {step}")
             out = ar(put(a), put(w))
             check(out, total, f"jit gemm_ar m={m} step {step}")
             everyone = np.asarray(jax.device_get(ij.all_gather(out, group)))

@@ -103,7 +103,8 @@ def main(mode):
             torch.cuda.synchronize()
             want = summed.to(torch.bfloat16)
             assert torch.equal(reduced, want), f"rank {RANK}: {mode} all_reduce step {step}"
-            assert torch.equal(scattered, want[RANK * 4:(RANK + 1) * 4]), f"rank {RANK}: {mode} reduce_scatter step {step}"
+            assert torch.equal(scattered, want[RANK * 4:(RANK + 1) * 4]), \
+                f"rank {RANK}: {mode} reduce_scatter step {step}"
     buf = torch.full((WORLD * 129, 256), float("nan"), device="cuda", dtype=torch.bfloat16)
     itorch.all_gather(shard(RANK, 129, 9), group, out=buf)
     torch.cuda.synchronize()

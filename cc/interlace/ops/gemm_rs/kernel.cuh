@@ -199,7 +199,9 @@ __device__ __forceinline__ void copy_landed_tile(const GemmRsShared& p, int32_t 
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t j = base + u * step;
       const int32_t col = static_cast<int32_t>(j % groups) * 8;
-      if (j < work && col + 8 <= cols) v[u] = __ldcg(reinterpret_cast<const uint4*>(tile + j / groups * plan.tile_n + col));
+      if (j < work && col + 8 <= cols) {
+        v[u] = __ldcg(reinterpret_cast<const uint4*>(tile + j / groups * plan.tile_n + col));
+      }
     }
     CUTE_UNROLL
     for (int u = 0; u < kUnroll; ++u) {
@@ -300,7 +302,8 @@ struct GemmRsEpilogue {
   // A failed wait (abort, timeout) has recorded why and returns: the sum then reads whatever is
   // there, nothing waits any longer, and the call raises.
   template <int kTileN, int kThreads, class Accumulators, class Coords>
-  __device__ __forceinline__ static void sum_own_tile(const Params& p, const Accumulators& accum, const Coords& tile_coords,
+  __device__ __forceinline__ static void sum_own_tile(const Params& p, const Accumulators& accum,
+                                                      const Coords& tile_coords,
                                                       int thread_idx, int m_idx, int n_idx) {
     using namespace cute;
     constexpr int kPairs = decltype(size(Accumulators{}))::value / 2;
@@ -315,7 +318,8 @@ struct GemmRsEpilogue {
              FlagId::kPartial, thread_idx);
     }
     tile_barrier<kThreads>();  // the waiters' acquires, then everyone's loads
-    const float* staged = reinterpret_cast<const float*>(t.heaps[me] + p.staging + plan.staging_offset(me, 0, m_idx, n_idx));
+    const float* staged =
+        reinterpret_cast<const float*>(t.heaps[me] + p.staging + plan.staging_offset(me, 0, m_idx, n_idx));
     const uint64_t sender_stride = plan.tile_bytes / sizeof(float);  // a tile's senders lie one after another
     const int64_t tile_row0 = static_cast<int64_t>(m_idx) * plan.rows.tile_m;
     const int64_t rows_here = plan.rows.start[me + 1] - tile_row0;  // rows past this rank's block: not out's
