@@ -167,7 +167,8 @@ def main():
     else:
         raise AssertionError("gemm with K = 12 did not raise")
     group.check()
-    print(f"rank {RANK}: jax.jit all_gather, gemm, ag_gemm, gemm_rs, gemm_ar, reduce_scatter, all_reduce correct (jax {jax.__version__})")
+    print(f"rank {RANK}: jax.jit all_gather, gemm, ag_gemm, gemm_rs, gemm_ar, reduce_scatter, all_reduce correct "
+          f"(jax {jax.__version__})")
 
 
 if __name__ == "__main__":

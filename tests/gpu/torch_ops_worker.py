@@ -84,7 +84,7 @@ def main(mode):
                 "reduce_overhead": lambda f: torch.compile(f, fullgraph=True, mode="reduce-overhead"),
                 "from_process_group": lambda f: f}[mode]
     row_parallel, reductions = compiled(row_parallel_block), compiled(reduction_block)
-    for m in (512, 384):  # on 2 GPUs, blocks of 256 (owners sum in the epilogue) and of 192 (reducers)
+    for m in (256 * WORLD, 192 * WORLD):  # blocks of 256 rows (owners sum in the epilogue), of 192 (reducers)
         for step in range(3):
             a, w_k = k_shard(RANK, m, 40 + step)
             total = sum(p.float() @ q.float().t() for p, q in (k_shard(r, m, 40 + step) for r in range(WORLD)))
