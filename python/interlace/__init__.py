@@ -175,8 +175,9 @@ def gemm_rs(a, b, out, group, *, shard_rows=None, stream=None, band_m=0, tile_n=
     of 2) set aside to sum this rank's tiles as they land: automatically none where every block starts
     on a multiple of 256 rows (each owner sums its own tiles in the GEMM's epilogue), else 32; a given
     count forces that many reducers; round_m (blocks on that grid only), 256-row bands per owner per
-    round of the tile order, so that the pushes to peers spread over the whole GEMM (0: each owner's
-    block at once, peers' first; not yet measured).
+    round of the tile order, so that the pushes to peers spread over the whole GEMM: automatically the
+    fewest that fit (1 up to M = 72 x 256); a round_m of a whole block or more takes
+    each owner's block at once.
     Needs heap scratch for the fp32 partials of the tiles this rank owns from every rank (world x its
     rows x N x 4 bytes, rounded up to whole tiles). Stream-ordered, graph-capturable; raises
     interlace.Error before any GPU work on bad arguments."""

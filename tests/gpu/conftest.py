@@ -2,8 +2,12 @@
 them; unmarked ones need one. Where they are missing, tests skip and say why."""
 import pytest
 
+_config = None  # the session's, for pytest_runtest_logreport
+
 
 def pytest_configure(config):
+    global _config
+    _config = config
     config.addinivalue_line("markers", "gpus(n): the test needs n CUDA GPUs")
 
 
@@ -24,3 +28,11 @@ def pytest_collection_modifyitems(config, items):
         need = marker.args[0] if marker else 1
         if have < need:
             item.add_marker(pytest.mark.skip(reason=why or f"needs {need} CUDA GPU(s), this machine has {have}"))
+
+
+def pytest_runtest_logreport(report):
+    """A failure's details are printed as it happens, not only in the session's summary: a GPU run cut
+    short by its time limit still shows why a test failed."""
+    terminal = _config.pluginmanager.get_plugin("terminalreporter") if _config else None
+    if report.failed and terminal is not None:
+        terminal.write_line(f"\n----- {report.nodeid} failed ({report.when}):\n{report.longreprtext}")
