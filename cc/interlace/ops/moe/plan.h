@@ -1,5 +1,5 @@
-// Host and device plan of expert-parallel MoE dispatch and combine (issue 12). Groundwork: the
-// kernels that execute it come later; everything here is CPU-tested (tests/cc/moe_plan_test.cc).
+// Host and device plan of expert-parallel MoE dispatch and combine (issue 12), CPU-tested
+// (tests/cc/moe_plan_test.cc). ops/moe/kernel.cuh executes it (moe_dispatch, moe_combine).
 //
 // W ranks, E experts (E % W == 0), L = E / W experts per rank: expert e lives on rank e / L as its
 // local expert e % L. Every rank has up to T tokens, each routed to k distinct experts (topk_idx
@@ -52,8 +52,9 @@ constexpr int kMoeMaxTopk = 256;              // MoeSlot::topk_pos is 16 bits
 constexpr int64_t kMoeRowAlignBytes = 16;     // rows move with 16-byte vector stores / TMA
 constexpr uint64_t kMoeBufferAlign = 256;     // every buffer of the workspace starts 256-byte aligned
 // Flags are 64-bit op numbers (values only grow: waits are ">=", nothing is reset); an op's region
-// of the signal pad holds this many.
-constexpr int64_t kMoeMaxFlags = static_cast<int64_t>(kOpRegionBytes / sizeof(uint64_t));
+// of the signal pad holds this many, after one barrier word per CTA (ops/moe/flags.h).
+constexpr int64_t kMoeBarrierWords = kMaxBlocks;
+constexpr int64_t kMoeMaxFlags = static_cast<int64_t>(kOpRegionBytes / sizeof(uint64_t)) - kMoeBarrierWords;
 
 enum class MoeCapacityKind : int32_t {
   kPerExpert = 0,  // capacity rows for each local expert
