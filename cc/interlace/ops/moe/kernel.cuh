@@ -192,8 +192,7 @@ __device__ __forceinline__ void lay_out(const MoeDispatchParams& p) {
     if (lost > 0) atomicAdd(&p.dropped[0], lost);
     if (plan.rank_of_expert(e) == me) {
       const int32_t l = plan.local_expert(e);
-      // kPerRank: an expert left without room starts past the end; its 0 rows start at the end instead.
-      p.c.expert_start[l] = min(plan.region_start(counts, e), plan.region_end(e));
+      p.c.expert_start[l] = plan.first_row(counts, e);
       p.c.expert_rows[l] = kept;
       if (lost > 0) atomicAdd(&p.dropped[1], lost);
     }
@@ -211,11 +210,9 @@ __device__ __forceinline__ void send_token(const MoeDispatchParams& p, int32_t t
   const int64_t i = static_cast<int64_t>(token) * k + j;
   if (j < k) {
     const int32_t e = expert_at<IdxT>(p, i);
-    int32_t r = -1;
-    if (e >= 0 && p.pos[i] < p.run_kept[e]) r = p.run_row[e] + p.pos[i];
-    row[j] = r;
+    row[j] = e >= 0 ? MoePlan::kept_row(p.run_row[e], p.run_kept[e], p.pos[i]) : -1;
     expert[j] = e;
-    p.c.home_row[i] = r;
+    p.c.home_row[i] = row[j];
     p.c.home_weight[i] = p.topk_weights[i];
   }
   __syncthreads();
@@ -223,11 +220,7 @@ __device__ __forceinline__ void send_token(const MoeDispatchParams& p, int32_t t
     int32_t first = -1;  // the primary: the kept slot of the lowest-numbered expert on this slot's rank
     if (row[j] >= 0) {
       const int32_t d = plan.rank_of_expert(expert[j]);
-      first = j;
-      for (int32_t q = 0; q < k; ++q) {
-        if (row[q] < 0 || plan.rank_of_expert(expert[q]) != d) continue;
-        if (expert[q] < expert[first] || (expert[q] == expert[first] && q < first)) first = q;
-      }
+      first = plan.primary_of(expert, row, j);
       // MoeSlot as one 16-byte store: source_token, source_rank | topk_pos << 16, primary_row, weight.
       const uint4 slot = make_uint4(static_cast<uint32_t>(token),
                                     static_cast<uint32_t>(t.local_rank & 0xffff) | static_cast<uint32_t>(j) << 16,

@@ -172,6 +172,32 @@ struct MoePlan {
     return false;
   }
 
+  // ---- The kernels' per-slot rules (ops/moe/kernel.cuh), here so that the CPU tests hold them to
+  // moe_reference.
+  // A slot numbered pos among its source's slots for its expert, in a run that starts at run_row
+  // and keeps run_kept rows: its receive row, or -1 where it is dropped (slot_row, from the run).
+  IL_HOST_DEVICE static int32_t kept_row(int32_t run_row, int32_t run_kept, int32_t pos) {
+    return pos < run_kept ? run_row + pos : -1;
+  }
+  // Where expert e's kept rows start: region_start, but kPerRank's unclipped start of an expert left
+  // without room is clipped to the region's end (its kept rows are 0).
+  IL_HOST_DEVICE int32_t first_row(const int32_t* counts, int32_t e) const {
+    const int32_t start = region_start(counts, e), end = region_end(e);
+    return start < end ? start : end;
+  }
+  // Of a token's top-k entries (expert[q]: -1 where unused; row[q]: -1 where unused or dropped), the
+  // position of kept entry j's primary: the kept entry of the lowest-numbered expert on j's rank
+  // (the lowest position among equal experts, should a routing repeat one).
+  IL_HOST_DEVICE int32_t primary_of(const int32_t* expert, const int32_t* row, int32_t j) const {
+    const int32_t d = rank_of_expert(expert[j]);
+    int32_t first = j;
+    for (int32_t q = 0; q < topk; ++q) {
+      if (row[q] < 0 || rank_of_expert(expert[q]) != d) continue;
+      if (expert[q] < expert[first] || (expert[q] == expert[first] && q < first)) first = q;
+    }
+    return first;
+  }
+
   // ---- The combine: slot (token t, top-k entry j) comes home to this row of the combine buffer.
   IL_HOST_DEVICE int32_t combine_row(int32_t t, int32_t j) const { return t * topk + j; }
 
