@@ -15,10 +15,12 @@ def current_stream(*tensors) -> int:
     """The CUDA stream the tensors' framework is currently issuing work to, as an integer handle:
     torch.cuda.current_stream(device), or CuPy's current stream on this thread (`with
     cupy.cuda.Stream():` sets it; CuPy's null stream is 0). 0 (the legacy default stream) when no
-    torch or CuPy tensor is among them (interlace's own DLPack objects, JAX arrays)."""
+    torch or CuPy tensor is among them (interlace's own DLPack objects, JAX arrays). A torch tensor
+    off the GPU has no stream: it is skipped, and the op's own checks then raise interlace.Error
+    for it (torch.cuda.current_stream of a CPU device would raise a ValueError first)."""
     for t in tensors:
         m = _module(t)
-        if m == "torch":
+        if m == "torch" and t.device.type == "cuda":
             torch = sys.modules["torch"]
             return torch.cuda.current_stream(t.device).cuda_stream
         if m == "cupy":

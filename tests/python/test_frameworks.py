@@ -47,6 +47,13 @@ def test_current_stream_is_cupys(monkeypatch):
     assert _frameworks.current_stream(object()) == 0
 
 
+def test_torch_tensors_off_the_gpu_have_no_stream():
+    torch = pytest.importorskip("torch", reason="needs torch")
+    # Without this skip, torch.cuda.current_stream(cpu) raised a ValueError before the op's checks
+    # could raise interlace.Error for the misplaced tensor.
+    assert _frameworks.current_stream(torch.zeros(4), torch.zeros(4)) == 0
+
+
 def test_cupy_exports_without_stream_handshake(monkeypatch):
     fake_cupy(monkeypatch)
     x = FakeArray()
