@@ -236,6 +236,8 @@ def run_case(group, case, handle=None, stream=None, check=True):
     row_of, counts, starts, kept = case.layout()
     expert_out = check_dispatch(case, handle, expert_x, row_of, counts, starts, kept)
     out = new_out(case)
+    if stream is not None:  # the NaN fill ran on the default stream; a pool stream does not wait for it
+        stream.wait_stream(torch.cuda.current_stream())
     interlace.moe_combine(expert_out, handle, group, out=out, stream=None if stream is None else stream.cuda_stream)
     torch.cuda.synchronize()
     if check:

@@ -132,6 +132,9 @@ void moe_dispatch(Group& group, MoeHandle& handle, const TensorView& x, const Te
   p.run_kept = reinterpret_cast<int32_t*>(base + scratch + run_kept);
   p.dropped = reinterpret_cast<int32_t*>(base + scratch + dropped);
   const bool wide = topk_idx.dtype.bits == 64;
+  // Before the launch: launch() can raise after issuing the kernel (an earlier call's cancel), and
+  // the combine must still see this dispatch's token count.
+  handle.tokens_ = tokens;
   call.launch([&](cudaStream_t s) {
     if (wide) {
       moe_dispatch_kernel<int64_t><<<blocks, kMoeThreads, 0, s>>>(p);
@@ -139,7 +142,6 @@ void moe_dispatch(Group& group, MoeHandle& handle, const TensorView& x, const Te
       moe_dispatch_kernel<int32_t><<<blocks, kMoeThreads, 0, s>>>(p);
     }
   });
-  handle.tokens_ = tokens;
 }
 
 void moe_combine(Group& group, MoeHandle& handle, const TensorView& expert_out, const TensorView& out,
