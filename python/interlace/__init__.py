@@ -171,7 +171,9 @@ def gemm_rs(a, b, out, group, *, shard_rows=None, stream=None, band_m=0, tile_n=
     a rank may own none.
     Tuning (0: automatic): band_m, as in gemm; pingpong (default), consumer warpgroups on alternate
     128 x 128 tiles, else cooperative tiles of width tile_n (128 or 256); reduce_ctas, SMs (a multiple
-    of 2) set aside to sum this rank's tiles as they land (8).
+    of 2) set aside to sum this rank's tiles as they land: automatically none where every block starts
+    on a multiple of 256 rows (each owner sums its own tiles in the GEMM's epilogue), else 32; a given
+    count forces that many reducers.
     Needs heap scratch for the fp32 partials of the tiles this rank owns from every rank (world x its
     rows x N x 4 bytes, rounded up to whole tiles). Stream-ordered, graph-capturable; raises
     interlace.Error before any GPU work on bad arguments."""

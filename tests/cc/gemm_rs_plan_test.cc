@@ -568,7 +568,8 @@ namespace {
 // after every tile row it pushes to others: the peers it waits for never wait first, so no cycle.
 TEST(GemmRsPlan, EpilogueSumsWaitOnlyAfterEveryPush) {
   std::vector<std::vector<int64_t>> layouts = {{4096, 4096}, {256, 512, 0, 768}, {512, 512, 512, 100}, {0, 256},
-                                               {256, 0}, {256, 256, 256, 256, 256, 256, 256, 1}};
+                                               {256, 0}, {256, 256, 256, 256, 256, 256, 256, 1}, {300, 0},
+                                               {512, 300, 0, 0}};
   for (const auto& layout : random_layouts(7, 40, 8, 8)) {
     std::vector<int64_t> on_grid(layout.size());
     for (size_t q = 0; q < layout.size(); ++q) on_grid[q] = layout[q] * kGemmRsClusterTileM;

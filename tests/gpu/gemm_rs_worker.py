@@ -4,7 +4,7 @@ interlace.gemm_rs(a, b, out, group) computes out = this rank's rows of sum over 
 where a_q is [M, K_q] and b_q [K_q, N] (K split across ranks, possibly unevenly) and rank q owns a
 contiguous block of output rows (uneven, or none). Every rank recomputes every rank's inputs from
 (case seed, rank), so the reference needs no communication: torch's fp32 matmuls of all ranks'
-inputs, summed, and this rank's rows of that. Written before the kernel ever ran on a GPU."""
+inputs, summed, and this rank's rows of that."""
 import functools
 import math
 import os

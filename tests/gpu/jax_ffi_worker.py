@@ -1,5 +1,5 @@
 """One rank of interlace.jax under jax.jit (see test_jax_ffi_gpu.py): all_gather, gemm, ag_gemm,
-reduce_scatter and all_reduce as XLA FFI custom calls on XLA's stream, checked against jnp / jax.lax
+gemm_rs, gemm_ar, reduce_scatter and all_reduce as XLA FFI custom calls on XLA's stream, checked against jnp / jax.lax
 references (the reductions bit for bit against the fp32 sum in rank order, rounded once). One process per GPU;
 each process's JAX sees every GPU and computes on the one its interlace group uses."""
 import os
@@ -113,6 +113,29 @@ def check_reductions():
     group.check()
 
 
+def check_row_parallel():
+    """gemm_rs and gemm_ar under jit: K split over ranks (512 rows on 2 GPUs: even blocks of 256,
+    whose owners sum in the epilogue; 384: blocks of 192, summed by reducers), against the fp32 sum
+    of every rank's product; gemm_ar's out equal on every rank, bit for bit."""
+    rs = jax.jit(lambda a, w: jax.nn.relu(ij.gemm_rs(a, w, group)))
+    ar = jax.jit(lambda a, w: ij.gemm_ar(a, w, group))
+    for m in (512, 384):
+        for step in range(3):
+            seed = 40 + 10 * step + m
+            a, w = shard(RANK, m, seed, 128), shard(RANK, 128, seed + 1, N)
+            total = sum(reference_matmul(shard(q, m, seed, 128), shard(q, 128, seed + 1, N)) for q in range(WORLD))
+            rows = m // WORLD
+            mine = total[RANK * rows:(RANK + 1) * rows]
+            check(rs(put(a), put(w)), jax.nn.relu(mine), f"jit gemm_rs m={m} step {step}")
+            out = ar(put(a), put(w))
+            check(out, total, f"jit gemm_ar m={m} step {step}")
+            everyone = np.asarray(jax.device_get(ij.all_gather(out, group)))
+            for q in range(WORLD):
+                assert np.array_equal(bits(everyone[q * m:(q + 1) * m]), bits(out)), \
+                    f"rank {RANK}: gemm_ar m={m} step {step}: rank {q}'s result differs from this rank's"
+    group.check()
+
+
 def main():
     w = put(shard(99, K, 7, N))  # the same weight on every rank
     gather = jax.jit(lambda x: ij.all_gather(x, group))
@@ -134,6 +157,7 @@ def main():
     uneven = jax.jit(lambda x, w: ij.ag_gemm(x, w, group, shard_rows=rows))
     full = jnp.concatenate([shard(q, rows[q], 11) for q in range(WORLD)])
     check(uneven(put(shard(RANK, rows[RANK], 11)), w), reference_matmul(full, shard(99, K, 7, N)), "jit ag_gemm uneven")
+    check_row_parallel()
     check_reductions()  # ends with a bad reduce_scatter call, as this ends with a bad gemm
     # An interlace.Error inside a handler comes back as a JAX error, not a crash (K not a multiple of 8).
     try:
@@ -143,7 +167,8 @@ def main():
     else:
         raise AssertionError("gemm with K = 12 did not raise")
     group.check()
-    print(f"rank {RANK}: jax.jit all_gather, gemm, ag_gemm, reduce_scatter, all_reduce correct (jax {jax.__version__})")
+    print(f"rank {RANK}: jax.jit all_gather, gemm, ag_gemm, gemm_rs, gemm_ar, reduce_scatter, all_reduce correct "
+          f"(jax {jax.__version__})")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,5 @@
 """gemm_ar (fused GEMM + AllReduce) on real GPUs: each test starts two processes (one per GPU) running
-a scenario of gemm_ar_worker.py, and fails with every rank's output if any rank fails. Written before
-the kernel ever ran on a GPU: the first run is its first test.
+a scenario of gemm_ar_worker.py, and fails with every rank's output if any rank fails.
 
   shapes      gemm_rs_worker's 29 cases (M the sum of their rows) x 5 calls: out against an fp32
               reference of every rank's inputs, bit for bit between two runs and between ranks

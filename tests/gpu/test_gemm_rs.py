@@ -1,6 +1,5 @@
 """gemm_rs (fused GEMM + ReduceScatter) on real GPUs: each test starts two processes (one per GPU)
 running a scenario of gemm_rs_worker.py, and fails with every rank's output if any rank fails.
-Written before the kernel ever ran on a GPU: the first run is its first test.
 
   shapes      29 cases x 5 calls (automatic twice, cooperative 128 and 256 wide, one reducing
               cluster): uneven row blocks (one much smaller, not a multiple of 128 rows, 1 row, a rank

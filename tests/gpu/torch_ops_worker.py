@@ -1,5 +1,6 @@
-"""One rank of the torch.library ops on GPUs (see test_torch_ops_gpu.py): eager, compiled with
-fullgraph=True, and compiled with mode="reduce-overhead" (CUDA graphs), each against a reference."""
+"""One rank of the torch.library ops on GPUs (see test_torch_ops_gpu.py): all_gather, gemm, ag_gemm,
+gemm_rs, gemm_ar, reduce_scatter and all_reduce, eager, compiled with fullgraph=True, and compiled
+with mode="reduce-overhead" (CUDA graphs), each against a reference."""
 import os
 import sys
 
@@ -30,6 +31,21 @@ def block(x, w):
 def fused_block(x, w):
     y, full = itorch.ag_gemm(x, w.t(), group, return_gathered=True)
     return y.relu(), full
+
+
+def row_parallel_block(a, w):
+    return itorch.gemm_rs(a, w.t(), group).relu(), itorch.gemm_ar(a, w.t(), group)
+
+
+def reduction_block(x):
+    return itorch.reduce_scatter(x, group), itorch.all_reduce(x, group)
+
+
+def k_shard(rank, m, seed):
+    """Rank `rank`'s [m, 128] slice of A and [384, 128] slice of a Linear weight: K split over ranks."""
+    g = torch.Generator(device="cuda").manual_seed(seed * 100 + rank + 7)
+    return (torch.randn(m, 128, generator=g, device="cuda").to(torch.bfloat16),
+            torch.randn(384, 128, generator=g, device="cuda").to(torch.bfloat16))
 
 
 def reference(rows, seed, w):
@@ -64,6 +80,31 @@ def main(mode):
         group.check()
         check(out, reference(128, 20 + step, w), f"{mode} ag_gemm step {step}")
         assert torch.equal(full, torch.cat([shard(q, 128, 20 + step) for q in range(WORLD)])), "gathered A"
+    compiled = {"eager": lambda f: f, "fullgraph": lambda f: torch.compile(f, fullgraph=True),
+                "reduce_overhead": lambda f: torch.compile(f, fullgraph=True, mode="reduce-overhead"),
+                "from_process_group": lambda f: f}[mode]
+    row_parallel, reductions = compiled(row_parallel_block), compiled(reduction_block)
+    for m in (256 * WORLD, 192 * WORLD):  # blocks of 256 rows (owners sum in the epilogue), of 192 (reducers)
+        for step in range(3):
+            a, w_k = k_shard(RANK, m, 40 + step)
+            total = sum(p.float() @ q.float().t() for p, q in (k_shard(r, m, 40 + step) for r in range(WORLD)))
+            rows = slice(RANK * m // WORLD, (RANK + 1) * m // WORLD)
+            rs, ar = row_parallel(a, w_k)
+            torch.cuda.synchronize()
+            group.check()
+            check(rs, total[rows].relu(), f"{mode} gemm_rs m={m} step {step}")
+            check(ar, total, f"{mode} gemm_ar m={m} step {step}")
+            x = shard(RANK, 4 * WORLD, 60 + step)
+            parts = [shard(r, 4 * WORLD, 60 + step).float() for r in range(WORLD)]
+            summed = parts[0]
+            for p in parts[1:]:  # fp32 in rank order, rounded once: interlace's bits
+                summed = summed + p
+            scattered, reduced = reductions(x)
+            torch.cuda.synchronize()
+            want = summed.to(torch.bfloat16)
+            assert torch.equal(reduced, want), f"rank {RANK}: {mode} all_reduce step {step}"
+            assert torch.equal(scattered, want[RANK * 4:(RANK + 1) * 4]), \
+                f"rank {RANK}: {mode} reduce_scatter step {step}"
     buf = torch.full((WORLD * 129, 256), float("nan"), device="cuda", dtype=torch.bfloat16)
     itorch.all_gather(shard(RANK, 129, 9), group, out=buf)
     torch.cuda.synchronize()

@@ -144,11 +144,12 @@ void Watchdog::close_link(int i) {
   links_[i].close();
 }
 
-void Watchdog::post(int to, Message m) {
+void Watchdog::post(int to, Message m, bool wake) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     outbox_.push_back(Outgoing{to, std::move(m)});
   }
+  if (!wake) return;
   const char byte = 1;
   (void)!::write(wake_write_, &byte, 1);
 }
@@ -164,7 +165,15 @@ Verdict Watchdog::vote(uint64_t call, const std::string& text, bool failed, bool
       while (failed_here_.size() > 64) failed_here_.erase(failed_here_.begin());
     }
   }
-  post(0, Message{kVote, rank_, (wait ? kWait : 0u) | (failed ? kFailed : 0u), call, text.substr(0, kMaxText)});
+  // A vote nobody waits for (a known signature: every eager call after the first) goes with the
+  // thread's next round: the wake's write and thread switch were a few of the microseconds an eager
+  // call costs over a graph replay, and its only readers are rank 0's comparison (the kernels compare
+  // signatures themselves) and its count of who never voted, whose timeout is seconds. The outbox
+  // keeps order, so a later vote that wakes the thread sends it first. Under a vote timeout of
+  // less than a second (tests) every vote wakes it, so that a queued vote is never taken for a
+  // missing one.
+  post(0, Message{kVote, rank_, (wait ? kWait : 0u) | (failed ? kFailed : 0u), call, text.substr(0, kMaxText)},
+       /*wake=*/wait || failed || vote_timeout_s_ < 1.0);
   if (!wait) return {};
   std::unique_lock<std::mutex> lock(mutex_);
   // Rank 0 aborts past vote_timeout_s, naming who never voted; this is the backstop should rank 0's

@@ -88,7 +88,8 @@ class Watchdog {
   };
 
   void run();
-  void post(int to, Message m);
+  // Queues m for the thread; wake: at once (else with its next round, within 100 ms).
+  void post(int to, Message m, bool wake = true);
   void handle(int from, const Message& m);  // on the thread
   void count_vote(const Message& m);        // rank 0, on the thread
   void expire_ballots();                    // rank 0, on the thread

@@ -1,5 +1,5 @@
 """gemm_ar benchmark, one rank: gemm_rs.py's with the whole sum on every rank. Started by
-`python -m interlace.bench gemm_ar`. Written before the kernel ever ran on a GPU."""
+`python -m interlace.bench gemm_ar`."""
 from absl import app
 
 from interlace.bench import gemm_rs

@@ -1,6 +1,5 @@
 """gemm_rs / gemm_ar (fused GEMM + ReduceScatter / AllReduce) benchmark, one rank. Started by
-`python -m interlace.bench gemm_rs` (or gemm_ar). WRITTEN BEFORE THE KERNELS EVER RAN ON A GPU: its
-first run is also theirs.
+`python -m interlace.bench gemm_rs` (or gemm_ar).
 
 The tensor-parallel row linear: shapes are global (M, K, N); each rank holds a [M, K / W] and its own
 weight [N, K / W] (passed as weight.t()), and the output is the sum over ranks of a @ b: this rank's
@@ -14,8 +13,10 @@ blocks):
   torch_fused      gemm_rs: torch.ops.symm_mem.fused_matmul_reduce_scatter; None, with the reason,
                    where it does not run (gemm_ar: torch has no fused op)
   gemm_alone       interlace.gemm of the local partial: the floor for a fused op
-Rows: the issue's headline shapes, then M from 1024 to 32768 at K = N = 8192. --sizes=MxKxN,... (or
-plain M) replaces them."""
+Rows: the issue's headline shapes, then M from 1024 to 32768 at K = N = 8192; gemm_ar adds the
+decode rows, M = 1 to 256 at K = N = 8192, where every method (interlace, nccl_cublas, gemm_alone) is
+timed as a CUDA-graph replay of one call, and the row says "graph": true. --sizes=MxKxN,... (or plain
+M) replaces them all."""
 import os
 
 from interlace.bench import launch
@@ -44,6 +45,7 @@ HEADLINE = {"rs": [(8192, 14336, 8192), (4096, 8192, 8192)],
             "ar": [(8192, 8192, 8192), (4096, 8192, 8192), (2048, 8192, 8192)]}
 SWEEP_KN = (8192, 8192)
 SWEEP_M = [1024 << i for i in range(6)]  # 1024 ... 32768
+DECODE_M = [1, 16, 64, 128, 256]  # gemm_ar only: timed under graph replay on both sides
 DTYPE = torch.bfloat16
 METHODS = ("interlace", "nccl_cublas", "torch_fused", "gemm_alone")
 
@@ -56,7 +58,8 @@ def shapes_from_flags():
     """[(m, k, n, series)]."""
     k, n = SWEEP_KN
     if not FLAGS.sizes:
-        return [(*s, "headline") for s in HEADLINE[KIND]] + [(m, k, n, f"K={k}, N={n}") for m in SWEEP_M]
+        decode = [(m, k, n, "decode") for m in DECODE_M] if KIND == "ar" else []
+        return [(*s, "headline") for s in HEADLINE[KIND]] + [(m, k, n, f"K={k}, N={n}") for m in SWEEP_M] + decode
     shapes = []
     for text in FLAGS.sizes:
         parts = [int(x) for x in text.lower().split("x")]
@@ -92,9 +95,10 @@ def main(_):
     dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
     shapes = shapes_from_flags()
     for m, k, n, _ in shapes:
-        if m % world or k % (8 * world) or n % 8 or m <= 0 or k <= 0 or n <= 0:
-            raise SystemExit(f"shape M={m} K={k} N={n}: M must be a multiple of the {world} ranks, K of 8 x that, "
-                             "N of 8")
+        # gemm_rs splits M over the ranks; gemm_ar's out is whole everywhere, so any M.
+        if (KIND == "rs" and m % world) or k % (8 * world) or n % 8 or m <= 0 or k <= 0 or n <= 0:
+            raise SystemExit(f"shape M={m} K={k} N={n}: K must be a multiple of 8 x the {world} ranks, N of 8 "
+                             "and, for gemm_rs, M of the ranks")
     tunings = tunings_from_flags()
     # Staging: the fp32 partials of this rank's rows from every rank (M x N x 4, about); gemm_ar also
     # lands every reduced tile (M x N x 2). Each shape is also captured in a CUDA graph, and scratch
@@ -188,6 +192,10 @@ def measure(group, fused, m, k, n, series, rank, world, tunings):
             methods["torch_fused"] = fn
 
     methods["gemm_alone"] = lambda: interlace.gemm(a, b, partial)
+    row["graph"] = series == "decode"
+    if row["graph"]:  # decode: what a serving loop runs, a replay of a captured step, on every side
+        del methods["interlace_graph"]  # "interlace" is that replay here
+        methods = {label: common.graph_of(fn, 1) for label, fn in methods.items()}
 
     iters = max(10, min(FLAGS.iters, int(300 / max(2.0 * m * k_local * n / 7e11, 1e-3))))
     medians = common.time_collective(methods, FLAGS.warmup, iters)
@@ -209,7 +217,7 @@ def common_relative_error(out, ref):
 def report(rows, world):
     env = common.environment(FLAGS.command)
     name = f"{op_name()}_{world}x{env['gpu'].replace(' ', '_')}"
-    sweep = [r for r in rows if r["series"] != "headline"]
+    sweep = [r for r in rows if r["series"] not in ("headline", "decode")]
 
     def plot(path):
         if len(sweep) < 2:
@@ -245,7 +253,8 @@ def report(rows, world):
     for r in rows:
         ms = r["ms"]
         fused = f"{ms['torch_fused']:11.3f}" if ms["torch_fused"] else f"{'-':>11}"
-        print(f"{r['m']:6} {r['k']:6} {r['n']:6} {ms['interlace']:10.3f} {ms['interlace_graph']:8.3f} "
+        graph = ms["interlace"] if r["graph"] else ms["interlace_graph"]
+        print(f"{r['m']:6} {r['k']:6} {r['n']:6} {ms['interlace']:10.3f} {graph:8.3f} "
               f"{ms['nccl_cublas']:11.3f} {fused} {ms['gemm_alone']:10.3f} {r['speedup_vs_nccl_cublas']:8.2f} "
               f"{r['ratio_to_gemm_alone']:6.2f}")
     for reason in sorted({r["torch_fused_error"] for r in rows if r["torch_fused_error"]}):

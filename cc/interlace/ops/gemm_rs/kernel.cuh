@@ -23,8 +23,9 @@
 //                    sums all of out itself.
 // Without sum_in_epilogue the GEMM CTAs never wait on anything but the handshake, so they always
 // finish; with it they wait only in their own tiles, which come last (GemmRsOrder), for partials that
-// peers compute without waiting. Every wait is bounded: a failed one (abort, timeout) has recorded
-// why and returns, and the call raises afterwards.
+// peers compute without waiting, which needs every CTA of the grid resident at once (as ag_gemm's
+// waits do; the launch sizes the grid to one CTA per SM). Every wait is bounded: a failed one (abort,
+// timeout) has recorded why and returns, and the call raises afterwards.
 #pragma once
 
 #include <cstdint>
@@ -52,7 +53,7 @@ struct GemmRsShared {
   int64_t out_first_row; // the output row that out's row 0 holds: start[me] (gemm_rs), 0 (gemm_ar)
   uint64_t landing;      // gemm_ar: heap offset of the reduced tiles (landing_offset), the same on every rank
   int32_t n;
-  int32_t reduce_tiles;  // tiles this rank sums: plan.reduced_rows(me) * tiles_n; 0 when K = 0
+  int32_t reduce_tiles;  // tiles the reducers sum: plan.reduced_rows(me) * tiles_n; 0 when K = 0 or sum_in_epilogue
   int32_t landing_tiles; // gemm_ar: every output tile (tiles_m * tiles_n; 0 when K = 0); gemm_rs: 0
   // gemm_rs with every block on the cluster-tile grid (gemm_rs_sums_in_epilogue): an owner sums its
   // own tiles in the epilogue that computed its partial, and there are no reducers.
@@ -199,7 +200,9 @@ __device__ __forceinline__ void copy_landed_tile(const GemmRsShared& p, int32_t 
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t j = base + u * step;
       const int32_t col = static_cast<int32_t>(j % groups) * 8;
-      if (j < work && col + 8 <= cols) v[u] = __ldcg(reinterpret_cast<const uint4*>(tile + j / groups * plan.tile_n + col));
+      if (j < work && col + 8 <= cols) {
+        v[u] = __ldcg(reinterpret_cast<const uint4*>(tile + j / groups * plan.tile_n + col));
+      }
     }
     CUTE_UNROLL
     for (int u = 0; u < kUnroll; ++u) {
@@ -300,7 +303,8 @@ struct GemmRsEpilogue {
   // A failed wait (abort, timeout) has recorded why and returns: the sum then reads whatever is
   // there, nothing waits any longer, and the call raises.
   template <int kTileN, int kThreads, class Accumulators, class Coords>
-  __device__ __forceinline__ static void sum_own_tile(const Params& p, const Accumulators& accum, const Coords& tile_coords,
+  __device__ __forceinline__ static void sum_own_tile(const Params& p, const Accumulators& accum,
+                                                      const Coords& tile_coords,
                                                       int thread_idx, int m_idx, int n_idx) {
     using namespace cute;
     constexpr int kPairs = decltype(size(Accumulators{}))::value / 2;
@@ -315,7 +319,10 @@ struct GemmRsEpilogue {
              FlagId::kPartial, thread_idx);
     }
     tile_barrier<kThreads>();  // the waiters' acquires, then everyone's loads
-    const float* staged = reinterpret_cast<const float*>(t.heaps[me] + p.staging + plan.staging_offset(me, 0, m_idx, n_idx));
+    // fp32 partials only (GemmRsPartials::kFp32): partials in the input dtype would have to round
+    // this rank's registers too, as its peers' partials were, to keep the reducers' bits.
+    const float* staged =
+        reinterpret_cast<const float*>(t.heaps[me] + p.staging + plan.staging_offset(me, 0, m_idx, n_idx));
     const uint64_t sender_stride = plan.tile_bytes / sizeof(float);  // a tile's senders lie one after another
     const int64_t tile_row0 = static_cast<int64_t>(m_idx) * plan.rows.tile_m;
     const int64_t rows_here = plan.rows.start[me + 1] - tile_row0;  // rows past this rank's block: not out's

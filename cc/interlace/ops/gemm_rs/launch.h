@@ -15,7 +15,10 @@ struct GemmRsTuning {
   int band_m = 0;        // cluster-tile rows per band of the tile order within an owner's block (L2 reuse)
   int tile_n = 0;        // cooperative only: output tile width, 128 or 256 (0: choose_tile_n)
   bool pingpong = true;  // consumer warpgroups on alternate 128 x 128 tiles (as gemm); false: cooperative
-  int reduce_ctas = 0;   // CTAs (SMs) set aside from the GEMM to sum this rank's tiles, a multiple of 2
+  // CTAs (SMs) set aside from the GEMM to sum this rank's tiles, a multiple of 2. 0: none where every
+  // block starts on the 256-row cluster-tile grid (owners sum in the GEMM's epilogue), else 32
+  // (gemm_ar: always 32). Given, it forces that many reducers (to time one path against the other).
+  int reduce_ctas = 0;
 };
 
 // out = this rank's rows of sum over ranks r of a_r @ b_r, in one launch (fused GEMM + ReduceScatter).

@@ -82,8 +82,8 @@ GemmRsPlan make_gemm_rs_plan(const GemmRsRows& rows, int64_t n, int tile_n, Gemm
 }
 
 bool gemm_rs_sums_in_epilogue(const RowBlocks& rows) {
-  for (int32_t q = 1; q < rows.world; ++q) {
-    if (rows.start[q] % kGemmRsClusterTileM != 0) return false;
+  for (int32_t q = 1; q < rows.world; ++q) {  // a block starting at M: trailing empty ranks
+    if (rows.start[q] % kGemmRsClusterTileM != 0 && rows.start[q] != rows.m()) return false;
   }
   return true;
 }

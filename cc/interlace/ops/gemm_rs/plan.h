@@ -151,8 +151,8 @@ GemmRsPlan make_gemm_rs_plan(const GemmRsRows& rows, int64_t n, int tile_n, Gemm
 std::vector<int32_t> gemm_rs_tile_row_order(const GemmRsRows& rows);
 
 // Whether gemm_rs's owners sum their own tiles in the GEMM's epilogue instead of in reducer CTAs:
-// when every block starts on the cluster-tile grid (kGemmRsClusterTileM rows), so that each tile row
-// has one owner. A rank then computes all of its own tiles last (GemmRsOrder) and only they wait (for
+// when every block starts on the cluster-tile grid (kGemmRsClusterTileM rows) or at M, so that each
+// tile row has one owner. A rank then computes all of its own tiles last (GemmRsOrder) and only they wait (for
 // the peers' partials); the peers compute those tiles in earlier slots, which never wait: no cycle of
 // waits, and every SM computes. Blocks off the grid (a tile row spanning owners, waited on by each
 // of them in different slots) keep the reducers.
