@@ -160,7 +160,8 @@ def ag_gemm(a_shard, b, out, group, *, gathered=None, shard_rows=None, stream=No
                copy_ctas=copy_ctas)
 
 
-def gemm_rs(a, b, out, group, *, shard_rows=None, stream=None, band_m=0, tile_n=0, pingpong=True, reduce_ctas=0):
+def gemm_rs(a, b, out, group, *, shard_rows=None, stream=None, band_m=0, tile_n=0, pingpong=True, reduce_ctas=0,
+            round_m=0):
     """out = this rank's rows of sum over ranks r of a_r @ b_r, in one launch (GEMM + ReduceScatter):
     K is split across ranks, a is [M, K_r] (row-major) and b [K_r, N], row-major or column-major (a
     Linear weight w [N, K_r] as w.t()); out is [rows of this rank, N]. bf16 or fp16; the partials are
@@ -173,7 +174,9 @@ def gemm_rs(a, b, out, group, *, shard_rows=None, stream=None, band_m=0, tile_n=
     128 x 128 tiles, else cooperative tiles of width tile_n (128 or 256); reduce_ctas, SMs (a multiple
     of 2) set aside to sum this rank's tiles as they land: automatically none where every block starts
     on a multiple of 256 rows (each owner sums its own tiles in the GEMM's epilogue), else 32; a given
-    count forces that many reducers.
+    count forces that many reducers; round_m (blocks on that grid only), 256-row bands per owner per
+    round of the tile order, so that the pushes to peers spread over the whole GEMM (0: each owner's
+    block at once, peers' first; not yet measured).
     Needs heap scratch for the fp32 partials of the tiles this rank owns from every rank (world x its
     rows x N x 4 bytes, rounded up to whole tiles). Stream-ordered, graph-capturable; raises
     interlace.Error before any GPU work on bad arguments."""
@@ -184,7 +187,7 @@ def gemm_rs(a, b, out, group, *, shard_rows=None, stream=None, band_m=0, tile_n=
         stream = _frameworks.current_stream(out, a, b)
     _C.gemm_rs(_frameworks.as_dlpack(a), _frameworks.as_dlpack(b), _frameworks.as_dlpack(out), native,
                shard_rows=[] if shard_rows is None else [int(r) for r in shard_rows], stream=stream, band_m=band_m,
-               tile_n=tile_n, pingpong=pingpong, reduce_ctas=reduce_ctas)
+               tile_n=tile_n, pingpong=pingpong, reduce_ctas=reduce_ctas, round_m=round_m)
 
 
 def gemm_ar(a, b, out, group, *, stream=None, band_m=0, tile_n=0, pingpong=True, reduce_ctas=0):

@@ -324,15 +324,16 @@ NB_MODULE(_interlace, m) {
 
   m.def("gemm_rs",
         [](nb::ndarray<nb::ro> a, nb::ndarray<nb::ro> b, nb::ndarray<> out, Group& group,
-           std::vector<int64_t> shard_rows, uintptr_t stream, int band_m, int tile_n, bool pingpong, int reduce_ctas) {
-          GemmRsTuning tuning{band_m, tile_n, pingpong, reduce_ctas};
+           std::vector<int64_t> shard_rows, uintptr_t stream, int band_m, int tile_n, bool pingpong, int reduce_ctas,
+           int round_m) {
+          GemmRsTuning tuning{band_m, tile_n, pingpong, reduce_ctas, round_m};
           TensorView va = view_of(a), vb = view_of(b), vo = view_of(out);
           nb::gil_scoped_release release;
           gemm_rs(group, va, vb, vo, shard_rows, reinterpret_cast<cudaStream_t>(stream), tuning);
         },
         "a"_a.noconvert(), "b"_a.noconvert(), "out"_a.noconvert(), "group"_a, nb::kw_only(),
         "shard_rows"_a = std::vector<int64_t>{}, "stream"_a, "band_m"_a = 0, "tile_n"_a = 0, "pingpong"_a = true,
-        "reduce_ctas"_a = 0);
+        "reduce_ctas"_a = 0, "round_m"_a = 0);
 
   m.def("gemm_ar",
         [](nb::ndarray<nb::ro> a, nb::ndarray<nb::ro> b, nb::ndarray<> out, Group& group, uintptr_t stream,

@@ -197,6 +197,64 @@ TEST(GemmRsOrder, KernelOrderMatchesTheReference) {
   EXPECT_THROW(GemmRsOrder::make(make_gemm_rs_rows({4}, 0), -1, 1), Error);
 }
 
+// Rounds: every tile once; the walk the kernel takes (SlotOrder over make_rounds' slots) is the
+// reference's; and every peer pushes a tile row at a position no later than the one where its owner
+// waits for it (the same band sits in the same slot range on every rank, so tile positions compare
+// as the tile rows' indices do).
+TEST(GemmRsOrder, RoundsPushEveryTileNoLaterThanItsOwnerWaits) {
+  std::vector<std::vector<int64_t>> layouts = {{4096, 4096}, {2048, 2048, 2048, 2048}, {256, 1024, 0, 512},
+                                               {768, 256}, {300, 0}, {1}};
+  for (const auto& layout : random_layouts(9, 60, 8, 12)) {
+    std::vector<int64_t> on_grid(layout.size());
+    for (size_t q = 0; q < layout.size(); ++q) on_grid[q] = layout[q] * kGemmRsClusterTileM;
+    layouts.push_back(on_grid);
+  }
+  for (const auto& layout : layouts) {
+    const int world = static_cast<int>(layout.size());
+    for (int round_m : {1, 2, 3, 8}) {
+      SCOPED_TRACE(::testing::Message() << "world " << world << ", round_m " << round_m << ", M "
+                                        << std::accumulate(layout.begin(), layout.end(), int64_t{0}));
+      std::vector<std::vector<int32_t>> orders(world);
+      for (int rank = 0; rank < world; ++rank) {
+        const GemmRsRows rows = make_gemm_rs_rows(layout, rank, kGemmRsClusterTileM);
+        orders[rank] = gemm_rs_round_tile_row_order(rows, round_m);
+        std::vector<int32_t> sorted = orders[rank];
+        std::sort(sorted.begin(), sorted.end());
+        std::vector<int32_t> all(rows.tiles_m());
+        std::iota(all.begin(), all.end(), 0);
+        ASSERT_EQ(sorted, all) << "rank " << rank;
+        if (round_m < gemm_rs_min_round_m(rows)) continue;
+        for (int tiles_n : {1, 5}) {  // the kernel's walk, tile by tile, visits rows in the reference order
+          const GemmRsOrder::Params p = GemmRsOrder::make_rounds(rows, tiles_n, 4, round_m);
+          std::vector<int32_t> walked;
+          for (int32_t i = 0; i < rows.tiles_m() * tiles_n; ++i) {
+            int32_t m = -1, n = -1;
+            GemmRsOrder::tile(p, i, m, n);
+            if (std::find(walked.begin(), walked.end(), m) == walked.end()) walked.push_back(m);
+          }
+          EXPECT_EQ(walked, orders[rank]) << "rank " << rank << ", tiles_n " << tiles_n;
+        }
+      }
+      const GemmRsRows rows0 = make_gemm_rs_rows(layout, 0, kGemmRsClusterTileM);
+      for (int32_t t = 0; t < rows0.tiles_m(); ++t) {
+        const int owner = rows0.first_owner(t);
+        const auto at = [&](int rank) {
+          return std::find(orders[rank].begin(), orders[rank].end(), t) - orders[rank].begin();
+        };
+        for (int peer = 0; peer < world; ++peer) {
+          EXPECT_LE(at(peer), at(owner)) << "tile row " << t << ": rank " << peer << " pushes it after its owner "
+                                         << owner << " waits";
+        }
+      }
+    }
+  }
+  // One slot per band: more than SlotOrder holds raises, naming the smallest round_m that fits.
+  const GemmRsRows many = make_gemm_rs_rows({256 * 100, 256 * 100}, 0, kGemmRsClusterTileM);
+  EXPECT_THROW(GemmRsOrder::make_rounds(many, 4, 4, 1), Error);
+  EXPECT_NO_THROW(GemmRsOrder::make_rounds(many, 4, 4, gemm_rs_min_round_m(many)));
+  EXPECT_THROW(GemmRsOrder::make_rounds(make_gemm_rs_rows({100, 100}, 0, kGemmRsClusterTileM), 4, 4, 1), Error);
+}
+
 // ---- Flags and staging -------------------------------------------------------------------
 
 struct Variant {

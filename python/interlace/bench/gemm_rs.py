@@ -37,7 +37,7 @@ flags.DEFINE_list("sizes", [], "global shapes MxKxN, or M (the sweep's K and N);
 flags.DEFINE_integer("warmup", 10, "")
 flags.DEFINE_integer("iters", 50, "at most; big shapes get fewer (about 0.3 s of timed launches per method)")
 flags.DEFINE_list("tunings", [], "interlace settings to time besides the automatic ones, "
-                  "reduce_ctas:tile_n:band_m:pingpong (0 = automatic; pingpong 1 or 0)")
+                  "reduce_ctas:tile_n:band_m:pingpong[:round_m] (0 = automatic; pingpong 1 or 0; round_m gemm_rs's)")
 flags.DEFINE_string("command", "", "")
 
 KIND = "rs"  # gemm_ar.py sets "ar" before running main
@@ -73,10 +73,10 @@ def shapes_from_flags():
 
 
 def tunings_from_flags():
-    tunings = [(0, 0, 0, 1)]  # the automatic settings, timed as "interlace"
+    tunings = [(0, 0, 0, 1, 0)]  # the automatic settings, timed as "interlace"
     for t in FLAGS.tunings:
-        given = [int(f or 0) for f in t.split(":")[:4]]
-        tuning = tuple(given + [0, 0, 0, 1][len(given):])
+        given = [int(f or 0) for f in t.split(":")[:5]]
+        tuning = tuple(given + [0, 0, 0, 1, 0][len(given):])
         if tuning not in tunings:
             tunings.append(tuning)
     return tunings
@@ -144,10 +144,12 @@ def measure(group, fused, m, k, n, series, rank, world, tunings):
     methods = {}
     out = torch.empty(m_out, n, device="cuda", dtype=DTYPE)
     first = torch.empty_like(out)
-    for reduce_ctas, tile_n, band_m, pingpong in tunings:
-        automatic = (reduce_ctas, tile_n, band_m, pingpong) == (0, 0, 0, 1)
-        label = "interlace" if automatic else f"interlace[{reduce_ctas}:{tile_n}:{band_m}:{pingpong}]"
+    for reduce_ctas, tile_n, band_m, pingpong, round_m in tunings:
+        automatic = (reduce_ctas, tile_n, band_m, pingpong, round_m) == (0, 0, 0, 1, 0)
+        label = "interlace" if automatic else f"interlace[{reduce_ctas}:{tile_n}:{band_m}:{pingpong}:{round_m}]"
         kw = {"reduce_ctas": reduce_ctas, "tile_n": tile_n, "band_m": band_m, "pingpong": bool(pingpong)}
+        if round_m:
+            kw["round_m"] = round_m
         problem = None
         for attempt in range(2):
             out.fill_(float("nan"))

@@ -39,6 +39,7 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
     const int64_t m = l.problem.m, n = l.problem.n, k = l.problem.k;
     tile_n = checked_tile_n("gemm_ar", tuning, m, n, group.num_sms());
     const int band_m = band_m_for(tuning, tile_n);
+    IL_CHECK(tuning.round_m == 0, "gemm_ar: round_m is gemm_rs's; leave it 0");
     // Who reduces what is the plan's choice: whole, balanced tile rows, one owner per tile.
     const std::vector<int64_t> rows = gemm_ar_rows_per_rank(m, topo.world_size, kGemmRsTileM);
     const GemmRsRows tile_rows = make_gemm_rs_rows(rows, me, kGemmRsTileM);

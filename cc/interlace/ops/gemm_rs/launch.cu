@@ -105,7 +105,9 @@ void gemm_rs(Group& group, const TensorView& a, const TensorView& b, const Tenso
     s.sum_in_epilogue = tuning.reduce_ctas == 0 && gemm_rs_sums_in_epilogue(tile_rows);
     l.reduce_ctas = s.sum_in_epilogue ? 0 : gemm_rs_reduce_ctas(l.ctas, kClusterM, tuning.reduce_ctas);
     l.num_tiles = k == 0 ? 0 : grid.num_tiles();
-    l.order = GemmRsOrder::make(cluster_rows, grid.tiles_n, band_m);
+    IL_CHECK(tuning.round_m >= 0, "gemm_rs: round_m must be >= 0 (0: whole blocks), got ", tuning.round_m);
+    l.order = tuning.round_m ? GemmRsOrder::make_rounds(cluster_rows, grid.tiles_n, band_m, tuning.round_m)
+                             : GemmRsOrder::make(cluster_rows, grid.tiles_n, band_m);
 
     // Staging (GemmRsPlan::staging_bytes, the same on every rank) at the same heap offset everywhere:
     // the offset is part of the signature, so ranks whose scratch differs raise rather than run.
@@ -135,7 +137,7 @@ void gemm_rs(Group& group, const TensorView& a, const TensorView& b, const Tenso
     // rank with K_r = 0 computes nothing and sends no partials.
     return concat("gemm_rs(m=", m, ", n=", n, ", k_r>0=", k > 0, ", rows=[", blocks, "], dtype=", a.dtype_name(),
                   ", staging=", staging, ", tile_n=", tile_n, ", band_m=", band_m, ", pingpong=", tuning.pingpong,
-                  ", reduce_ctas=", l.reduce_ctas, ")");
+                  ", reduce_ctas=", l.reduce_ctas, ", round_m=", tuning.round_m, ")");
   });
   l.shared.signature = signature;
   call.launch([&](cudaStream_t s) {

@@ -19,6 +19,10 @@ struct GemmRsTuning {
   // block starts on the 256-row cluster-tile grid (owners sum in the GEMM's epilogue), else 32
   // (gemm_ar: always 32). Given, it forces that many reducers (to time one path against the other).
   int reduce_ctas = 0;
+  // gemm_rs, blocks on the 256-row grid: cluster-tile rows per owner per round of the tile order
+  // (GemmRsOrder::make_rounds), spreading the pushes over the whole GEMM; 0: each owner's block whole
+  // (peers' blocks first, the own last). Unmeasured: for the benchmark to compare.
+  int round_m = 0;
 };
 
 // out = this rank's rows of sum over ranks r of a_r @ b_r, in one launch (fused GEMM + ReduceScatter).

@@ -34,6 +34,66 @@ GemmRsOrder::Params GemmRsOrder::make(const GemmRsRows& rows, int32_t tiles_n, i
       rows.tiles_m(), rows.world, [&rows](int32_t t) { return rows.send_slot(t); }, tiles_n, band_m, "gemm_rs");
 }
 
+namespace {
+
+// The tile rows of the largest block.
+int32_t longest_block(const GemmRsRows& rows) {
+  int32_t most = 0;
+  for (int32_t q = 0; q < rows.world; ++q) most = std::max(most, rows.rows_of(q) > 0 ? rows.tile_rows_of(q) : 0);
+  return most;
+}
+
+// make_rounds' slots: (round, owner) bands, rounds in order, owners in send order; empty bands left out.
+void round_slots(const GemmRsRows& rows, int32_t round_m, std::vector<int32_t>* first_row,
+                 std::vector<int32_t>* count) {
+  IL_CHECK(round_m >= 1, "gemm_rs: round_m must be >= 1, got ", round_m);
+  const int32_t most = longest_block(rows);
+  for (int32_t i = 0; i * round_m < most; ++i) {
+    for (int32_t j = 0; j < rows.world; ++j) {
+      const int32_t q = (rows.rank + 1 + j) % rows.world;
+      if (rows.rows_of(q) == 0) continue;
+      const int32_t first = rows.first_tile_row(q) + i * round_m;
+      const int32_t left = rows.first_tile_row(q) + rows.tile_rows_of(q) - first;
+      if (left <= 0) continue;
+      first_row->push_back(first);
+      count->push_back(std::min(round_m, left));
+    }
+  }
+}
+
+}  // namespace
+
+int32_t gemm_rs_min_round_m(const GemmRsRows& rows) {
+  // Every round holds at most world slots, so rounds <= kRowBlocksMaxRanks / world suffice.
+  const int32_t rounds = std::max(1, kRowBlocksMaxRanks / rows.world);
+  return std::max(1, (longest_block(rows) + rounds - 1) / rounds);
+}
+
+GemmRsOrder::Params GemmRsOrder::make_rounds(const GemmRsRows& rows, int32_t tiles_n, int32_t band_m,
+                                             int32_t round_m) {
+  IL_CHECK(gemm_rs_sums_in_epilogue(rows), "gemm_rs: round_m needs every block to start on the ",
+           kGemmRsClusterTileM, "-row grid (one owner per tile row)");
+  std::vector<int32_t> first_row, count;
+  round_slots(rows, round_m, &first_row, &count);
+  IL_CHECK(static_cast<int32_t>(count.size()) <= kRowBlocksMaxRanks, "gemm_rs: round_m=", round_m, " makes ",
+           count.size(), " bands; at most ", kRowBlocksMaxRanks, " (round_m >= ", gemm_rs_min_round_m(rows), ")");
+  if (count.empty()) {  // no rows: one empty slot
+    const int32_t none = 0;
+    return SlotOrder::make(1, &none, &none, tiles_n, band_m, "gemm_rs");
+  }
+  return SlotOrder::make(static_cast<int32_t>(count.size()), first_row.data(), count.data(), tiles_n, band_m,
+                         "gemm_rs");
+}
+
+std::vector<int32_t> gemm_rs_round_tile_row_order(const GemmRsRows& rows, int32_t round_m) {
+  std::vector<int32_t> first_row, count, order;
+  round_slots(rows, round_m, &first_row, &count);
+  for (size_t s = 0; s < count.size(); ++s) {
+    for (int32_t t = 0; t < count[s]; ++t) order.push_back(first_row[s] + t);
+  }
+  return order;
+}
+
 GemmRsPlan make_gemm_rs_plan(const GemmRsRows& rows, int64_t n, int tile_n, GemmRsKind kind, GemmRsPath path,
                              GemmRsPartials partials, int reduce_band_m) {
   const char* op = kind == GemmRsKind::kAllReduce ? "gemm_ar" : "gemm_rs";

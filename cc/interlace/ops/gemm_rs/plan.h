@@ -75,7 +75,22 @@ struct GemmRsRows : RowBlocks {
 struct GemmRsOrder : SlotOrder {
   // rows.tile_m is the height of the tiles the order walks (a cluster's, kGemmRsClusterTileM).
   static Params make(const GemmRsRows& rows, int32_t tiles_n, int32_t band_m);
+
+  // In rounds: round i takes the i-th band of round_m tile rows of every owner's block, in the
+  // owners' send order (rank + 1 first, this rank's own last), so that the pushes spread over the
+  // whole GEMM instead of filling the first (W - 1) / W of it (at 4096 x 8192 x 8192 on two ranks
+  // they need about 340 GB/s of NVLink then, 170 spread). Only for blocks of one owner per tile row
+  // (gemm_rs_sums_in_epilogue): a peer pushes every tile at a position no later than the one where
+  // its owner waits for it (CPU-tested), so waits that only ever follow pushes form no cycle. Raises
+  // past kRowBlocksMaxRanks slots: round_m must be at least gemm_rs_min_round_m.
+  static Params make_rounds(const GemmRsRows& rows, int32_t tiles_n, int32_t band_m, int32_t round_m);
 };
+
+// The smallest round_m whose rounds fit SlotOrder's kRowBlocksMaxRanks slots.
+int32_t gemm_rs_min_round_m(const GemmRsRows& rows);
+
+// The tile rows in make_rounds' order: the host reference, and what its tests walk.
+std::vector<int32_t> gemm_rs_round_tile_row_order(const GemmRsRows& rows, int32_t round_m);
 
 enum class GemmRsKind : int32_t { kReduceScatter = 0, kAllReduce = 1 };  // gemm_rs, gemm_ar
 enum class GemmRsPath : int32_t { kAuto = 0, kThroughput = 1, kOneShot = 2 };
