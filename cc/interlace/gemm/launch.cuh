@@ -2,6 +2,8 @@
 // parameters (TMA descriptors) for a problem, and a cluster launch of a persistent kernel.
 #pragma once
 
+#include <atomic>
+
 #include <cuda_runtime_api.h>
 
 #include "cute/tensor.hpp"
@@ -56,17 +58,28 @@ void launch_kernel(void (*kernel)(Params), const Params& params, int ctas, cudaS
   IL_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
 }
 
-// CTAs of the kernel that the GPU runs at once, in whole clusters (with 2-CTA clusters, GPCs with an
-// odd number of free SMs leave one idle). A kernel whose CTAs wait on each other, across GPUs too,
-// must not launch more.
+// CTAs of the kernel that `device` (the current one) runs at once, in whole clusters (with 2-CTA
+// clusters, GPCs with an odd number of free SMs leave one idle). A kernel whose CTAs wait on each
+// other, across GPUs too, must not launch more. Asked once per kernel and device: the occupancy
+// query would otherwise cost every call host time.
 template <class Config, class Params>
-int resident_ctas(void (*kernel)(Params), int num_sms) {
+int resident_ctas(void (*kernel)(Params), int device, int num_sms) {
+  static std::atomic<int> known[64] = {};
+  const bool cached = device >= 0 && device < 64;
+  if (cached && known[device].load() > 0) return known[device].load();
   cudaLaunchAttribute cluster{};
   const cudaLaunchConfig_t config = launch_config<Config>(kernel, num_sms / Config::kClusterM * Config::kClusterM,
                                                           nullptr, &cluster);
   int clusters = 0;
   IL_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+  if (cached) known[device].store(clusters * Config::kClusterM);
   return clusters * Config::kClusterM;
+}
+
+// The same for an op's compiled variant V (V::Config, V::kernel()).
+template <class V>
+int resident_ctas_of(int device, int num_sms) {
+  return resident_ctas<typename V::Config>(V::kernel(), device, num_sms);
 }
 
 }  // namespace interlace::gemm_engine

@@ -1,7 +1,6 @@
 #include "interlace/ops/ag_gemm/launch.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <string>
 #include <numeric>
@@ -66,19 +65,6 @@ void with_variant(bool bf16, bool b_k_major, int tile_n, bool pingpong, F&& f) {
     b_k_major ? by_tile(element, std::true_type{}) : by_tile(element, std::false_type{});
   };
   bf16 ? by_layout(cutlass::bfloat16_t{}) : by_layout(cutlass::half_t{});
-}
-
-// The CTAs of a variant that the GPU runs at once. Each CTA's helpers push chunks that other CTAs,
-// here and on peers, wait for, so the kernel never launches more. Looked up once per device.
-template <class V>
-int resident_ctas(int device, int num_sms) {
-  static std::atomic<int> known[64] = {};
-  int ctas = device < 64 ? known[device].load() : 0;
-  if (ctas == 0) {
-    ctas = gemm_engine::resident_ctas<typename V::Config>(V::kernel(), num_sms);
-    if (device < 64) known[device].store(ctas);
-  }
-  return ctas;
 }
 
 template <class V>
@@ -248,7 +234,9 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
     const int band_m = ag_gemm_band_m(cluster_rows, tile_n == 256 ? 16 : 8, tuning.band_m);
     const TileGrid grid = tile_grid(m, l.problem.n, 128 * kClusterM, tile_n);
     with_variant(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
-                 [&](auto v) { l.ctas = resident_ctas<decltype(v)>(group.device(), group.num_sms()); });
+                 [&](auto v) {
+                   l.ctas = gemm_engine::resident_ctas_of<decltype(v)>(group.device(), group.num_sms());
+                 });
     IL_CHECK(l.ctas >= kClusterM, "ag_gemm: no cluster of the kernel fits on the GPU");
     transfer = ag_gemm_transfer(tuning.transfer);
     s.copy_engine = transfer == AgGemmTransfer::kCopyEngine;

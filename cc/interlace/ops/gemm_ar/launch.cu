@@ -51,7 +51,9 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
     s.plan = make_gemm_rs_plan(tile_rows, n, tile_n, GemmRsKind::kAllReduce, path, GemmRsPartials::kFp32, 2 * band_m);
     const TileGrid grid = tile_grid(m, n, kGemmRsClusterTileM, tile_n);
     with_variant<OpId::kGemmAr>(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
-                                [&](auto v) { l.ctas = resident_ctas<decltype(v)>(group.device(), group.num_sms()); });
+                                [&](auto v) {
+                                  l.ctas = gemm_engine::resident_ctas_of<decltype(v)>(group.device(), group.num_sms());
+                                });
     l.reduce_ctas = gemm_rs_reduce_ctas(l.ctas, kClusterM, tuning.reduce_ctas);
     l.num_tiles = k == 0 ? 0 : grid.num_tiles();
     l.order = GemmRsOrder::make(cluster_rows, grid.tiles_n, band_m);

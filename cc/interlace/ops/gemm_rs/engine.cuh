@@ -3,7 +3,6 @@
 // (the OpId is part of them).
 #pragma once
 
-#include <atomic>
 #include <type_traits>
 
 #include "interlace/base/cuda.h"
@@ -64,19 +63,6 @@ inline void with_variant(bool bf16, bool b_k_major, int tile_n, bool pingpong, F
     b_k_major ? by_tile(element, std::true_type{}) : by_tile(element, std::false_type{});
   };
   bf16 ? by_layout(cutlass::bfloat16_t{}) : by_layout(cutlass::half_t{});
-}
-
-// The CTAs of a variant that the GPU runs at once. The reducers wait for tiles that CTAs here and on
-// peers compute, so the kernel never launches more. Looked up once per device.
-template <class V>
-inline int resident_ctas(int device, int num_sms) {
-  static std::atomic<int> known[64] = {};
-  int ctas = device < 64 ? known[device].load() : 0;
-  if (ctas == 0) {
-    ctas = gemm_engine::resident_ctas<typename V::Config>(V::kernel(), num_sms);
-    if (device < 64) known[device].store(ctas);
-  }
-  return ctas;
 }
 
 template <class V>

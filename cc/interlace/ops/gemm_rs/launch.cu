@@ -101,7 +101,9 @@ void gemm_rs(Group& group, const TensorView& a, const TensorView& b, const Tenso
                                GemmRsPartials::kFp32, 2 * band_m);
     const TileGrid grid = tile_grid(m, n, kGemmRsClusterTileM, tile_n);
     with_variant<OpId::kGemmRs>(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
-                 [&](auto v) { l.ctas = resident_ctas<decltype(v)>(group.device(), group.num_sms()); });
+                 [&](auto v) {
+                   l.ctas = gemm_engine::resident_ctas_of<decltype(v)>(group.device(), group.num_sms());
+                 });
     s.sum_in_epilogue = tuning.reduce_ctas == 0 && gemm_rs_sums_in_epilogue(tile_rows);
     l.reduce_ctas = s.sum_in_epilogue ? 0 : gemm_rs_reduce_ctas(l.ctas, kClusterM, tuning.reduce_ctas);
     l.num_tiles = k == 0 ? 0 : grid.num_tiles();
