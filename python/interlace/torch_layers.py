@@ -79,6 +79,14 @@ class _RowParallel(_torch.autograd.Function):
         return (dx if ctx.needs_input_grad[0] else None), dw, db, None
 
 
+def _init_parameters(layer, weight_shape, bias_features, bias, device, dtype):
+    """layer.weight, initialised as nn.Linear's, and layer.bias (zeros, or None)."""
+    factory = dict(device=device if device is not None else _torch.cuda.current_device(), dtype=dtype)
+    layer.weight = _torch.nn.Parameter(_torch.empty(*weight_shape, **factory))
+    layer.bias = _torch.nn.Parameter(_torch.zeros(bias_features, **factory)) if bias else None
+    _torch.nn.init.kaiming_uniform_(layer.weight, a=5 ** 0.5)
+
+
 class ColumnParallelLinear(_torch.nn.Module):
     """nn.Linear(in_features, out_features) with its output features split across the group's ranks:
     input this rank's rows [S / W, in_features], output every row of this rank's features
@@ -89,10 +97,7 @@ class ColumnParallelLinear(_torch.nn.Module):
         self.group = group
         self.in_features, self.out_features = in_features, out_features
         local = _shard(out_features, group.world_size, "out_features")
-        factory = dict(device=device if device is not None else _torch.cuda.current_device(), dtype=dtype)
-        self.weight = _torch.nn.Parameter(_torch.empty(local, in_features, **factory))
-        self.bias = _torch.nn.Parameter(_torch.zeros(local, **factory)) if bias else None
-        _torch.nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)
+        _init_parameters(self, (local, in_features), local, bias, device, dtype)
 
     @classmethod
     def from_linear(cls, linear, group):
@@ -121,10 +126,7 @@ class RowParallelLinear(_torch.nn.Module):
         self.group = group
         self.in_features, self.out_features = in_features, out_features
         local = _shard(in_features, group.world_size, "in_features")
-        factory = dict(device=device if device is not None else _torch.cuda.current_device(), dtype=dtype)
-        self.weight = _torch.nn.Parameter(_torch.empty(out_features, local, **factory))
-        self.bias = _torch.nn.Parameter(_torch.zeros(out_features, **factory)) if bias else None
-        _torch.nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)
+        _init_parameters(self, (out_features, local), out_features, bias, device, dtype)
 
     @classmethod
     def from_linear(cls, linear, group):

@@ -51,40 +51,12 @@ def shapes_from_flags():
     if not FLAGS.sizes:
         return ([(m, k, n, "headline") for m, k, n in HEADLINE] +
                 [(m, k, n, f"K={k}, N={n}") for k, n in SWEEP_KN for m in SWEEP_M])
-    shapes = []
-    for text in FLAGS.sizes:
-        parts = [int(x) for x in text.lower().split("x")]
-        if len(parts) == 1:
-            shapes += [(parts[0], k, n, f"K={k}, N={n}") for k, n in SWEEP_KN]
-        elif len(parts) == 3:
-            shapes.append((*parts, f"K={parts[1]}, N={parts[2]}"))
-        else:
-            raise SystemExit(f"--sizes: {text!r} is neither M nor MxKxN")
-    return shapes
-
-
-def iters_for(m, k, n_local):
-    """Fewer timed launches for the big shapes: about 0.3 s per method at ~700 TFLOP/s."""
-    est_ms = 2.0 * m * k * n_local / 7e11
-    return max(10, min(FLAGS.iters, int(300 / max(est_ms, 1e-3))))
-
-
-def relative_error(out, ref):
-    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-
-
-def all_ranks(ok: bool) -> bool:
-    """Whether ok holds on every rank. Ranks must take the same branch after a check: one rank left
-    alone in a collective (a method timed on one rank only, or one that goes on after another quit)
-    would wait forever."""
-    t = torch.tensor([1 if ok else 0], device="cuda", dtype=torch.int32)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return bool(t.item())
+    return common.shapes_from_sizes(FLAGS.sizes, SWEEP_KN)
 
 
 def check_or_exit(problem, rank):
     """Every rank exits if any rank found a problem (its own reason printed where it was found)."""
-    if not all_ranks(problem is None):
+    if not common.all_ranks(problem is None):
         raise SystemExit(f"rank {rank}: {problem or 'another rank found a wrong result'}")
 
 
@@ -110,7 +82,7 @@ class TorchFused(common.SymmMemBaseline):
             except Exception as e:  # noqa: BLE001
                 reason = f"{type(e).__name__}: {e}".strip()[:500]
         # A baseline that fails on one rank is dropped on all, so that no rank waits in it alone.
-        if not all_ranks(reason is None):
+        if not common.all_ranks(reason is None):
             return None, None, reason or "failed on another rank"
         return call, out, None
 
@@ -180,7 +152,7 @@ def measure(group, torch_fused, m, k, n, series, rank, world, tunings):
         interlace.ag_gemm(a_shard, b, out, group, gathered=gathered, **kwargs)
         torch.cuda.synchronize()
         group.check()
-        err = relative_error(out, out_ref)
+        err = common.relative_error(out, out_ref)
         problem = None
         if not err < 1e-2:  # also NaN: rows never written
             problem = (f"{label} wrong at M={m} K={k} N={n}: relative error {err:.2e} against NCCL + cuBLAS, "
@@ -200,9 +172,9 @@ def measure(group, torch_fused, m, k, n, series, rank, world, tunings):
 
     fused_fn, fused_out, row["torch_fused_error"] = torch_fused.prepare(a_shard, b)
     if fused_fn is not None:
-        err = relative_error(fused_out, out_ref)
+        err = common.relative_error(fused_out, out_ref)
         row["check"]["torch_fused"] = err
-        if all_ranks(err < 1e-2):
+        if common.all_ranks(err < 1e-2):
             methods["torch_fused"] = fused_fn
         else:
             row["torch_fused_error"] = f"wrong result: relative error {err:.2e} against NCCL + cuBLAS (on some rank)"
@@ -211,12 +183,12 @@ def measure(group, torch_fused, m, k, n, series, rank, world, tunings):
     out_alone = torch.empty(m, n_local, device="cuda", dtype=DTYPE)
     interlace.gemm(a_full, b, out_alone)
     torch.cuda.synchronize()
-    row["check"]["gemm_alone"] = err = relative_error(out_alone, out_ref)
+    row["check"]["gemm_alone"] = err = common.relative_error(out_alone, out_ref)
     check_or_exit(None if err < 1e-2 else f"interlace.gemm wrong at M={m} K={k} N={n_local}: relative error {err:.2e}",
                   rank)
     methods["gemm_alone"] = lambda: interlace.gemm(a_full, b, out_alone)
 
-    iters = iters_for(m, k, n_local)
+    iters = common.gemm_iters(2.0 * m * k * n_local, FLAGS.iters)
     medians = common.time_collective(methods, FLAGS.warmup, iters)
     group.check()
     row["iters"] = iters

@@ -127,6 +127,33 @@ def write_results(out_dir: str, name: str, payload: dict, plot) -> str:
     return path
 
 
+def relative_error(out, ref) -> float:
+    """||out - ref|| / ||ref|| in fp32."""
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def gemm_iters(flop: float, most: int) -> int:
+    """Timed launches for a GEMM-sized call: at most `most`, fewer for big ones (about 0.3 s per
+    method at ~700 TFLOP/s), never below 10."""
+    est_ms = flop / 7e11
+    return max(10, min(most, int(300 / max(est_ms, 1e-3))))
+
+
+def shapes_from_sizes(sizes, sweeps) -> list:
+    """The fused-GEMM benchmarks' --sizes: each entry MxKxN (one row) or M (one row per (K, N) of
+    `sweeps`). Rows are (m, k, n, series), series "K=.., N=.." (the plot draws one line each)."""
+    shapes = []
+    for text in sizes:
+        parts = [int(x) for x in text.lower().split("x")]
+        if len(parts) == 1:
+            shapes += [(parts[0], k, n, f"K={k}, N={n}") for k, n in sweeps]
+        elif len(parts) == 3:
+            shapes.append((*parts, f"K={parts[1]}, N={parts[2]}"))
+        else:
+            raise SystemExit(f"--sizes: {text!r} is neither M nor MxKxN")
+    return shapes
+
+
 def all_ranks(ok: bool) -> bool:
     """Whether ok holds on every rank (collective)."""
     flag = torch.tensor([0 if ok else 1], device="cuda", dtype=torch.int32)

@@ -60,16 +60,7 @@ def shapes_from_flags():
     if not FLAGS.sizes:
         decode = [(m, k, n, "decode") for m in DECODE_M] if KIND == "ar" else []
         return [(*s, "headline") for s in HEADLINE[KIND]] + [(m, k, n, f"K={k}, N={n}") for m in SWEEP_M] + decode
-    shapes = []
-    for text in FLAGS.sizes:
-        parts = [int(x) for x in text.lower().split("x")]
-        if len(parts) == 1:
-            shapes.append((parts[0], k, n, f"K={k}, N={n}"))
-        elif len(parts) == 3:
-            shapes.append((*parts, f"K={parts[1]}, N={parts[2]}"))
-        else:
-            raise SystemExit(f"--sizes: {text!r} is neither M nor MxKxN")
-    return shapes
+    return common.shapes_from_sizes(FLAGS.sizes, [SWEEP_KN])
 
 
 def tunings_from_flags():
@@ -158,7 +149,7 @@ def measure(group, fused, m, k, n, series, rank, world, tunings):
             group.check()
             if attempt == 0:
                 first.copy_(out)
-        err = common_relative_error(out, out_ref)
+        err = common.relative_error(out, out_ref)
         if not err < 2e-2:  # also NaN: rows never written (bf16 partials round differently from fp32 ones)
             problem = (f"{label} wrong at M={m} K={k} N={n}: relative error {err:.2e} against cuBLAS + NCCL, "
                        f"{int(out.isnan().sum())} elements unwritten")
@@ -183,7 +174,7 @@ def measure(group, fused, m, k, n, series, rank, world, tunings):
 
             result = call()
             torch.cuda.synchronize()
-            err = common_relative_error(result, out_ref)
+            err = common.relative_error(result, out_ref)
             if not err < 2e-2:
                 raise RuntimeError(f"wrong result: relative error {err:.2e} against cuBLAS + NCCL")
             row["check"]["torch_fused"] = err
@@ -199,7 +190,7 @@ def measure(group, fused, m, k, n, series, rank, world, tunings):
         del methods["interlace_graph"]  # "interlace" is that replay here
         methods = {label: common.graph_of(fn, 1) for label, fn in methods.items()}
 
-    iters = max(10, min(FLAGS.iters, int(300 / max(2.0 * m * k_local * n / 7e11, 1e-3))))
+    iters = common.gemm_iters(2.0 * m * k_local * n, FLAGS.iters)
     medians = common.time_collective(methods, FLAGS.warmup, iters)
     group.check()
     row["iters"] = iters
@@ -210,10 +201,6 @@ def measure(group, fused, m, k, n, series, rank, world, tunings):
     row["speedup_vs_torch_fused"] = ms["torch_fused"] / ms["interlace"] if ms["torch_fused"] else None
     row["ratio_to_gemm_alone"] = ms["interlace"] / ms["gemm_alone"]
     return row
-
-
-def common_relative_error(out, ref):
-    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
 def report(rows, world):
