@@ -399,9 +399,17 @@ def scenario_validation():
     eo = torch.zeros(handle.recv_rows, H, dtype=torch.bfloat16, device=dev)
     expect_error(lambda: interlace.moe_combine(eo[:-1], handle, group, out=good_out), "expert_out has shape")
     expect_error(lambda: interlace.moe_combine(eo, handle, group, out=good_out[:-1]), "out has shape")
-    # A call only one rank gets wrong: every rank raises, and the group stays usable.
+    # A call only one rank gets wrong: every rank raises, and the group stays usable. Rank 1 has made
+    # this very call before, so it does not wait for the others' word (OpCall::agree): it hears of
+    # rank 0's failure when its kernel skips the call, by the next check at the latest.
     bad = x.float() if RANK == 0 else x
-    expect_error(lambda: interlace.moe_dispatch(bad, idx, w, group, handle=handle), ("bfloat16", "rank 0"))
+
+    def dispatch_then_check():
+        interlace.moe_dispatch(bad, idx, w, group, handle=handle)
+        torch.cuda.synchronize()
+        group.check()
+
+    expect_error(dispatch_then_check, ("bfloat16", "rank 0"))
     # Arguments that differ across ranks, each fine alone (one local expert: both kinds take the same
     # workspace, so the handles agree and the call's signature differs). Last: it may leave the group aborted.
     one = torch.zeros(T, 1, dtype=torch.int32, device=dev)
