@@ -16,8 +16,8 @@ from interlace._group import Group, native as _native
 from interlace._interlace import Bootstrap, Error, gpu_count
 from interlace import _interlace as _C
 
-__all__ = ["Bootstrap", "Error", "Group", "ag_gemm", "all_gather", "all_reduce", "gemm", "gemm_ar", "gemm_rs",
-           "gpu_count", "init", "reduce_scatter"]
+__all__ = ["Bootstrap", "Error", "Group", "MoeHandle", "ag_gemm", "all_gather", "all_reduce", "gemm", "gemm_ar",
+           "gemm_rs", "gpu_count", "init", "moe_combine", "moe_dispatch", "moe_no_drop_capacity", "reduce_scatter"]
 __version__ = "0.1.0"
 
 
@@ -206,3 +206,85 @@ def gemm_ar(a, b, out, group, *, stream=None, band_m=0, tile_n=0, pingpong=True,
         stream = _frameworks.current_stream(out, a, b)
     _C.gemm_ar(_frameworks.as_dlpack(a), _frameworks.as_dlpack(b), _frameworks.as_dlpack(out), native, stream=stream,
                band_m=band_m, tile_n=tile_n, pingpong=pingpong, reduce_ctas=reduce_ctas)
+
+
+_CAPACITY_KINDS = {"per_expert": 0, "per_rank": 1}
+
+
+def _capacity_kind(name):
+    if name not in _CAPACITY_KINDS:
+        raise Error(f"moe: capacity_kind must be one of {', '.join(_CAPACITY_KINDS)}, got {name!r}")
+    return _CAPACITY_KINDS[name]
+
+
+def MoeHandle(group, *, num_experts, topk, hidden, max_tokens, capacity, capacity_kind="per_expert"):
+    """The workspace of moe_dispatch and moe_combine for one shape, in the group's heap (collective:
+    every rank makes its handles in the same order, with the same arguments). Make one per MoE layer
+    and pass it to every moe_dispatch of that layer (a CUDA graph needs its buffers to stay put); a
+    dispatch overwrites what the last one with the same handle left.
+    max_tokens: the most tokens any rank dispatches. capacity: receive rows per local expert
+    ("per_expert") or for all of a rank's experts ("per_rank"); slots past it are dropped.
+    Its device tensors (DLPack, this rank's, valid once a dispatch has run, stream-ordered): expert_x
+    [recv_rows, hidden] bf16, counts [world, num_experts] int32, slots [recv_rows, 4] int32 (MoeSlot:
+    source token, source rank | top-k position << 16, primary row, weight bits), expert_starts and
+    expert_rows [num_experts / world] int32 (each local expert's rows of expert_x, the grouped GEMM's
+    M). UNVERIFIED ON A GPU."""
+    return _C._moe_handle(_native(group), experts=num_experts, topk=topk, hidden=hidden, max_tokens=max_tokens,
+                          capacity=capacity, capacity_kind=_capacity_kind(capacity_kind))
+
+
+def moe_no_drop_capacity(world_size, *, num_experts, topk, max_tokens, capacity_kind="per_expert"):
+    """The smallest capacity with which no routing drops anything (every token of every rank to one
+    expert, or per rank to min(topk, local experts) of one rank's experts)."""
+    return _C._moe_no_drop_capacity(world_size=world_size, experts=num_experts, topk=topk, max_tokens=max_tokens,
+                                    capacity_kind=_capacity_kind(capacity_kind))
+
+
+def moe_dispatch(x, topk_idx, topk_weights, group, *, num_experts=None, capacity=None, capacity_kind="per_expert",
+                 max_tokens=None, handle=None, stream=None):
+    """Expert-parallel MoE dispatch over NVLink: sends each token's row x[t] to the ranks of its
+    experts topk_idx[t] (expert e lives on rank e // (num_experts / world) as its local expert
+    e % (num_experts / world)), once per rank however many of its experts live there. Returns
+    (expert_x, handle): expert_x [recv_rows, hidden] bf16 holds each local expert's rows (from
+    handle.expert_starts, handle.expert_rows of them; per source rank, in token order), the handle is
+    what moe_combine needs.
+    x [T, hidden] bf16 (hidden a multiple of 8); topk_idx [T, k] int32 or int64, -1 for an unused
+    entry, no expert twice in a row (entries outside [-1, num_experts) count as unused); topk_weights
+    [T, k] float32, applied by moe_combine. T may differ between ranks, up to max_tokens.
+    handle: a MoeHandle to reuse (its shape must match); without one, a new one is made from
+    num_experts, capacity, capacity_kind and max_tokens (default: this rank's T; pass the largest
+    T of any rank when they differ), which costs a collective allocation: pass handle= in loops and
+    CUDA graphs.
+    Nothing waits on the host: counts stay on the device. Slots past the capacity are dropped (the
+    last sources' last tokens of a full expert) and never written out of bounds; group.check() then
+    raises interlace.Error once, after synchronizing. Stream-ordered, graph-capturable; raises
+    interlace.Error before any GPU work on bad arguments. UNVERIFIED ON A GPU."""
+    if handle is None and (num_experts is None or capacity is None):
+        raise Error("moe_dispatch: pass num_experts and capacity (or a handle)")
+    _capacity_kind(capacity_kind)
+    native = _native(group)
+    if handle is None:
+        handle = MoeHandle(group, num_experts=num_experts, topk=topk_idx.shape[1], hidden=x.shape[1],
+                           max_tokens=x.shape[0] if max_tokens is None else max_tokens, capacity=capacity,
+                           capacity_kind=capacity_kind)
+    if stream is None:
+        stream = _frameworks.current_stream(x, topk_idx, topk_weights)
+    _C.moe_dispatch(_frameworks.as_dlpack(x), _frameworks.as_dlpack(topk_idx), _frameworks.as_dlpack(topk_weights),
+                    handle, native, stream=stream)
+    return handle.expert_x, handle
+
+
+def moe_combine(expert_out, handle, group, *, out, stream=None):
+    """The way back of moe_dispatch(..., handle): out [T, hidden] bf16 (T: this rank's tokens in that
+    dispatch) = for each token, the sum over j = 0 .. k - 1 of topk_weights[t, j] x the output row of
+    its j-th expert, in fp32 in that order, rounded once to bf16: deterministic. Unused and dropped
+    entries add nothing (a token with none gets zeros). expert_out [recv_rows, hidden] bf16 is in
+    expert_x's layout; only the kept rows are read. Stream-ordered, graph-capturable; raises
+    interlace.Error before any GPU work on bad arguments. UNVERIFIED ON A GPU."""
+    if _frameworks.is_jax(out):
+        raise TypeError("JAX arrays are immutable: interlace.moe_combine writes into out")
+    native = _native(group)
+    if stream is None:
+        stream = _frameworks.current_stream(out, expert_out)
+    _C.moe_combine(_frameworks.as_dlpack(expert_out), _frameworks.as_dlpack(out), handle, native, stream=stream)
+    return out

@@ -5,6 +5,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
 #include <memory>
@@ -76,6 +77,27 @@ nb::ndarray<nb::array_api> wrap(std::shared_ptr<Group> group, char* data, std::v
   }
   return nb::ndarray<nb::array_api>(data, shape.size(), shape.data(), owner, nullptr, dtype, nb::device::cuda::value,
                                     group->device());
+}
+
+// A view of memory `owner` (a Python object) keeps alive, such as a MoeHandle's buffers.
+nb::ndarray<nb::array_api> view_owned_by(nb::handle owner, const TensorView& v) {
+  std::vector<size_t> shape(v.shape.begin(), v.shape.end());
+  nb::dlpack::dtype dt{v.dtype.code, v.dtype.bits, static_cast<uint16_t>(v.dtype.lanes)};
+  return nb::ndarray<nb::array_api>(v.data, shape.size(), shape.data(), owner, nullptr, dt, nb::device::cuda::value,
+                                    v.device.device_id);
+}
+
+MoeShape moe_shape(int world_size, int64_t experts, int topk, int64_t hidden, int64_t max_tokens, int64_t capacity,
+                   int capacity_kind) {
+  MoeShape s;
+  s.world = world_size;
+  s.experts = experts;
+  s.topk = topk;
+  s.row_bytes = hidden * 2;
+  s.tokens = max_tokens;
+  s.capacity = capacity;
+  s.capacity_kind = static_cast<MoeCapacityKind>(capacity_kind);
+  return s;
 }
 
 size_t nbytes_of(const std::vector<size_t>& shape, nb::dlpack::dtype dtype) {
@@ -333,6 +355,94 @@ NB_MODULE(_interlace, m) {
         },
         "a"_a.noconvert(), "b"_a.noconvert(), "out"_a.noconvert(), nb::kw_only(), "stream"_a, "band_m"_a = 0,
         "tile_n"_a = 0, "cluster_m"_a = 0, "pingpong"_a = true);
+
+  // MoE: a handle per shape (its workspace in the heap), then dispatch / combine with it. capacity_kind:
+  // a MoeCapacityKind (0 per expert, 1 per rank); Python passes names.
+  nb::class_<MoeHandle>(m, "MoeHandle",
+                        "What a moe_dispatch leaves for its combine: receive rows, slot metadata, counts (device "
+                        "memory in the group's heap). Make with interlace.MoeHandle.")
+      .def_prop_ro("world_size", [](const MoeHandle& h) { return h.shape().world; })
+      .def_prop_ro("num_experts", [](const MoeHandle& h) { return h.shape().experts; })
+      .def_prop_ro("topk", [](const MoeHandle& h) { return h.shape().topk; })
+      .def_prop_ro("hidden", &MoeHandle::hidden)
+      .def_prop_ro("max_tokens", [](const MoeHandle& h) { return h.shape().tokens; })
+      .def_prop_ro("capacity", [](const MoeHandle& h) { return h.shape().capacity; })
+      .def_prop_ro("capacity_kind", [](const MoeHandle& h) { return static_cast<int>(h.shape().capacity_kind); })
+      .def_prop_ro("recv_rows", [](const MoeHandle& h) { return h.plan().recv_rows; })
+      .def_prop_ro("tokens", &MoeHandle::tokens)
+      .def_prop_ro("expert_x", [](nb::handle_t<MoeHandle> self) {
+        return view_owned_by(self, nb::inst_ptr<MoeHandle>(self)->expert_x());
+      })
+      .def_prop_ro("counts", [](nb::handle_t<MoeHandle> self) {
+        return view_owned_by(self, nb::inst_ptr<MoeHandle>(self)->counts());
+      })
+      .def_prop_ro("slots", [](nb::handle_t<MoeHandle> self) {
+        return view_owned_by(self, nb::inst_ptr<MoeHandle>(self)->slots());
+      })
+      .def_prop_ro("expert_starts", [](nb::handle_t<MoeHandle> self) {
+        return view_owned_by(self, nb::inst_ptr<MoeHandle>(self)->expert_starts());
+      })
+      .def_prop_ro("expert_rows", [](nb::handle_t<MoeHandle> self) {
+        return view_owned_by(self, nb::inst_ptr<MoeHandle>(self)->expert_rows());
+      });
+
+  m.def("_moe_handle",
+        [](Group& group, int64_t experts, int topk, int64_t hidden, int64_t max_tokens, int64_t capacity,
+           int capacity_kind) {
+          const MoeShape shape = moe_shape(group.world_size(), experts, topk, hidden, max_tokens, capacity, capacity_kind);
+          nb::gil_scoped_release release;
+          return std::make_unique<MoeHandle>(group, shape);
+        },
+        "group"_a, nb::kw_only(), "experts"_a, "topk"_a, "hidden"_a, "max_tokens"_a, "capacity"_a, "capacity_kind"_a,
+        nb::keep_alive<0, 1>(), "Collective: a MoeHandle with its workspace in the group's heap.");
+
+  m.def("moe_dispatch",
+        [](nb::ndarray<nb::ro> x, nb::ndarray<nb::ro> topk_idx, nb::ndarray<nb::ro> topk_weights, MoeHandle& handle,
+           Group& group, uintptr_t stream) {
+          TensorView vx = view_of(x), vi = view_of(topk_idx), vw = view_of(topk_weights);
+          nb::gil_scoped_release release;
+          moe_dispatch(group, handle, vx, vi, vw, reinterpret_cast<cudaStream_t>(stream));
+        },
+        "x"_a.noconvert(), "topk_idx"_a.noconvert(), "topk_weights"_a.noconvert(), "handle"_a, "group"_a,
+        nb::kw_only(), "stream"_a);
+
+  m.def("moe_combine",
+        [](nb::ndarray<nb::ro> expert_out, nb::ndarray<> out, MoeHandle& handle, Group& group, uintptr_t stream) {
+          TensorView ve = view_of(expert_out), vo = view_of(out);
+          nb::gil_scoped_release release;
+          moe_combine(group, handle, ve, vo, reinterpret_cast<cudaStream_t>(stream));
+        },
+        "expert_out"_a.noconvert(), "out"_a.noconvert(), "handle"_a, "group"_a, nb::kw_only(), "stream"_a);
+
+  m.def("_check_moe_dispatch_args",
+        [](nb::ndarray<nb::ro> x, nb::ndarray<nb::ro> topk_idx, nb::ndarray<nb::ro> topk_weights, int64_t experts,
+           int64_t capacity, int capacity_kind, int64_t max_tokens, int world_size, int device) {
+          MoeDispatchOptions o{experts, capacity, static_cast<MoeCapacityKind>(capacity_kind), max_tokens};
+          MoeShape s = check_moe_dispatch_args(view_of(x), view_of(topk_idx), view_of(topk_weights), o, world_size,
+                                               device);
+          return nb::make_tuple(s.experts, s.topk, s.row_bytes / 2, s.tokens, s.capacity);
+        },
+        "x"_a.noconvert(), "topk_idx"_a.noconvert(), "topk_weights"_a.noconvert(), nb::kw_only(), "experts"_a,
+        "capacity"_a, "capacity_kind"_a, "max_tokens"_a, "world_size"_a, "device"_a,
+        "The checks moe_dispatch makes before any GPU work, without a group (for tests): returns (experts, topk, "
+        "hidden, max_tokens, capacity).");
+
+  m.def("_check_moe_combine_args",
+        [](nb::ndarray<nb::ro> expert_out, nb::ndarray<> out, int world_size, int64_t experts, int topk, int64_t hidden,
+           int64_t max_tokens, int64_t capacity, int capacity_kind, int64_t tokens, int device) {
+          const MoePlan plan =
+              make_moe_plan(moe_shape(world_size, experts, topk, hidden, max_tokens, capacity, capacity_kind));
+          check_moe_combine_args(view_of(expert_out), view_of(out), plan, tokens, device);
+        },
+        "expert_out"_a.noconvert(), "out"_a.noconvert(), nb::kw_only(), "world_size"_a, "experts"_a, "topk"_a,
+        "hidden"_a, "max_tokens"_a, "capacity"_a, "capacity_kind"_a, "tokens"_a, "device"_a,
+        "The checks moe_combine makes before any GPU work, without a group (for tests).");
+
+  m.def("_moe_no_drop_capacity",
+        [](int world_size, int64_t experts, int topk, int64_t max_tokens, int capacity_kind) {
+          return moe_no_drop_capacity(moe_shape(world_size, experts, topk, 8, max_tokens, 1, capacity_kind));
+        },
+        nb::kw_only(), "world_size"_a, "experts"_a, "topk"_a, "max_tokens"_a, "capacity_kind"_a);
 
   m.def("_check_gemm_args",
         [](nb::ndarray<nb::ro> a, nb::ndarray<nb::ro> b, nb::ndarray<> out, int device) {

@@ -9,6 +9,9 @@ models that call them, and CUDA graphs (mode="reduce-overhead") replay them.
     y = itorch.ag_gemm(x, w.t(), group)      # all_gather(x) @ w.t() in one launch
     s = itorch.all_reduce(x, group)          # also itorch.reduce_scatter(x, group)
     y = itorch.gemm_rs(x, w.t(), group)      # this rank's rows of sum(x @ w.t()); gemm_ar: all rows
+    moe = itorch.MoeBuffers(group, num_experts=64, topk=2, hidden=4096, max_tokens=512, capacity=1024)
+    ex = itorch.moe_dispatch(x, topk_idx, topk_weights, moe)   # the experts' rows (moe.native's layout)
+    y = itorch.moe_combine(expert_out, moe, tokens=x.shape[0])  # back home, weighted sum
     col = itorch.ColumnParallelLinear(4096, 14336, group)  # tensor-parallel layers (torch_layers.py)
 
 Custom ops take tensors and scalars, not Python objects: a group crosses torch.library as its
@@ -16,6 +19,9 @@ integer handle (group.handle), and the op finds the group again by it. group.han
 attribute: torch.compile bakes it into the graph as a constant with a guard (or, once another group
 reaches the same code, may pass it in as an int input; CUDA graphs are recorded per value).
 """
+import itertools as _itertools
+import weakref as _weakref
+
 import torch as _torch
 
 import interlace as _interlace
@@ -229,6 +235,71 @@ def _(a, b, group):
     _torch._check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0],
                   lambda: f"interlace.gemm_ar: a {tuple(a.shape)} and b {tuple(b.shape)} do not multiply")
     return a.new_empty((a.shape[0], b.shape[1]))
+
+
+_next_moe_handle = _itertools.count(1)
+_moe_buffers = _weakref.WeakValueDictionary()  # live MoeBuffers by handle, as groups by group.handle
+
+
+def _moe_by_handle(handle: int):
+    buffers = _moe_buffers.get(handle)
+    if buffers is None:
+        raise _interlace.Error(f"no live interlace.torch.MoeBuffers has handle {handle}")
+    return buffers
+
+
+class MoeBuffers:
+    """A MoE layer's interlace.MoeHandle for the torch ops (collective to make, as the handle): the
+    custom ops take its integer handle, as they take group.handle. expert_x is the receive buffer
+    as a torch tensor (in the heap), which moe_dispatch fills; native is the interlace.MoeHandle
+    (counts, slots, expert_starts, expert_rows). UNVERIFIED ON A GPU."""
+
+    def __init__(self, group, *, num_experts, topk, hidden, max_tokens, capacity, capacity_kind="per_expert"):
+        self.native = _interlace.MoeHandle(group, num_experts=num_experts, topk=topk, hidden=hidden,
+                                           max_tokens=max_tokens, capacity=capacity, capacity_kind=capacity_kind)
+        self.group = group
+        self.expert_x = _torch.from_dlpack(self.native.expert_x)
+        self.handle = next(_next_moe_handle)
+        _moe_buffers[self.handle] = self
+
+
+@_torch.library.custom_op("interlace::moe_dispatch_into", mutates_args=("expert_x",), device_types="cuda")
+def _moe_dispatch_into(expert_x: _torch.Tensor, x: _torch.Tensor, topk_idx: _torch.Tensor,
+                       topk_weights: _torch.Tensor, group: int, handle: int) -> None:
+    _interlace.moe_dispatch(x, topk_idx, topk_weights, _group.by_handle(group), handle=_moe_by_handle(handle).native)
+
+
+@_moe_dispatch_into.register_fake
+def _(expert_x, x, topk_idx, topk_weights, group, handle):
+    return None
+
+
+@_torch.library.custom_op("interlace::moe_combine", mutates_args=(), device_types="cuda")
+def _moe_combine(expert_out: _torch.Tensor, group: int, handle: int, tokens: int) -> _torch.Tensor:
+    out = expert_out.new_empty((tokens, expert_out.shape[1]))
+    _interlace.moe_combine(expert_out, _moe_by_handle(handle).native, _group.by_handle(group), out=out)
+    return out
+
+
+@_moe_combine.register_fake
+def _(expert_out, group, handle, tokens):
+    _torch._check(expert_out.dim() == 2, lambda: f"interlace.moe_combine: expert_out must be 2-D, got "
+                                                 f"{tuple(expert_out.shape)}")
+    return expert_out.new_empty((tokens, expert_out.shape[1]))
+
+
+def moe_dispatch(x: _torch.Tensor, topk_idx: _torch.Tensor, topk_weights: _torch.Tensor, buffers: MoeBuffers):
+    """interlace.moe_dispatch into buffers.expert_x, as torch.ops.interlace.moe_dispatch_into (which
+    mutates it); returns buffers.expert_x."""
+    _torch.ops.interlace.moe_dispatch_into(buffers.expert_x, x, topk_idx, topk_weights, buffers.group.handle,
+                                           buffers.handle)
+    return buffers.expert_x
+
+
+def moe_combine(expert_out: _torch.Tensor, buffers: MoeBuffers, *, tokens: int) -> _torch.Tensor:
+    """interlace.moe_combine as torch.ops.interlace.moe_combine: a new [tokens, hidden] tensor, tokens
+    being this rank's in the dispatch (x.shape[0])."""
+    return _torch.ops.interlace.moe_combine(expert_out, buffers.group.handle, buffers.handle, tokens)
 
 
 def gemm_rs(a: _torch.Tensor, b: _torch.Tensor, group, *, shard_rows=None, out: _torch.Tensor = None):

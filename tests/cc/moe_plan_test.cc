@@ -451,6 +451,52 @@ Routing random_routing(std::mt19937& rng, int world, int experts, int topk, int 
   return routing;
 }
 
+// What moe_dispatch's kernel computes per slot, from the counts alone (pos: a token's number among
+// its source's tokens for the expert; MoePlan::kept_row, primary_of, first_row), equals the walked
+// reference: every slot's row, every kept slot's primary, and each local expert's rows being exactly
+// [first_row, first_row + kept_rows) (the receiver's and the combine's walk over kept rows).
+void check_kernel_rules(const MoePlan& p, const Routing& topk, const MoeReference& ref) {
+  const int32_t k = p.topk;
+  for (int s = 0; s < p.world; ++s) {
+    std::vector<int32_t> seen(p.experts, 0);  // pos: this source's slots so far, per expert
+    const int32_t tokens = static_cast<int32_t>(topk[s].size()) / k;
+    for (int32_t t = 0; t < tokens; ++t) {
+      std::vector<int32_t> expert(k), row(k);
+      for (int32_t j = 0; j < k; ++j) {
+        const int32_t e = topk[s][t * k + j];
+        expert[j] = e;
+        row[j] = e < 0 ? -1
+                       : MoePlan::kept_row(p.run_row(ref.counts.data(), s, e), p.run_kept(ref.counts.data(), s, e),
+                                           seen[e]++);
+        ASSERT_EQ(row[j], ref.home[s][t * k + j].row) << "source " << s << " token " << t << " entry " << j;
+      }
+      for (int32_t j = 0; j < k; ++j) {
+        if (row[j] < 0) continue;
+        const int32_t first = p.primary_of(expert.data(), row.data(), j);
+        const MoeSlot& slot = ref.slots[p.rank_of_expert(expert[j])][row[j]];
+        ASSERT_EQ(row[first], slot.primary_row) << "source " << s << " token " << t << " entry " << j;
+      }
+    }
+  }
+  for (int32_t e = 0; e < p.experts; ++e) {
+    const int32_t d = p.rank_of_expert(e), first = p.first_row(ref.counts.data(), e);
+    const int32_t kept = p.kept_rows(ref.counts.data(), e);
+    ASSERT_EQ(kept, ref.kept_rows[e]);
+    ASSERT_GE(first, 0);
+    ASSERT_LE(first + kept, p.recv_rows);
+    int32_t inside = 0;
+    for (int32_t r = 0; r < p.recv_rows; ++r) {
+      const MoeSlot& slot = ref.slots[d][r];
+      if (slot.source_rank < 0) continue;
+      const int32_t expert = topk[slot.source_rank][slot.source_token * k + slot.topk_pos];
+      if (expert != e) continue;
+      ASSERT_TRUE(r >= first && r < first + kept) << "expert " << e << " row " << r;
+      ++inside;
+    }
+    ASSERT_EQ(inside, kept) << "expert " << e;
+  }
+}
+
 TEST(MoePlan, RandomRoutingsKeepEveryInvariant) {
   int cases = 0, overflowed = 0;
   for (int world : {1, 2, 4, 8}) {
@@ -481,6 +527,8 @@ TEST(MoePlan, RandomRoutingsKeepEveryInvariant) {
                 ASSERT_FALSE(ref.overflow);
               }
               check_invariants(p, routing, ref);
+              if (HasFatalFailure()) return;
+              check_kernel_rules(p, routing, ref);
               if (HasFatalFailure()) return;
               ++cases;
               overflowed += ref.overflow;

@@ -276,3 +276,47 @@ def test_ag_gemm_compiles_in_both_forms_without_a_graph_break(group):
     ag = [n for n in calls[0] if "interlace.ag_gemm" in str(n.target)]
     assert len(ag) == 1 and ag[0].args[2:] == (group.handle, [3, 3, 3, 4], WORLD, True), ag[0].args if ag else calls[0]
     assert any("interlace.ag_gemm_into" in str(n.target) for n in calls[1]), calls[1]
+
+
+class MoeBuffersStandIn:
+    """What the MoE ops read of an interlace.torch.MoeBuffers (making one needs a GPU): the receive
+    buffer, the group and the integer handle."""
+
+    def __init__(self, group, recv_rows, hidden, device="cpu"):
+        self.group = group
+        self.expert_x = torch.empty(recv_rows, hidden, dtype=torch.bfloat16, device=device)
+        self.handle = 12345
+
+
+def test_moe_ops_are_registered_and_fakes_give_the_shapes(group):
+    schemas = {name: str(getattr(torch.ops.interlace, name).default._schema)
+               for name in ("moe_dispatch_into", "moe_combine")}
+    assert "Tensor(a0!) expert_x" in schemas["moe_dispatch_into"], schemas
+    assert schemas["moe_combine"].endswith("-> Tensor"), schemas
+    with FakeTensorMode():
+        moe = MoeBuffersStandIn(group, recv_rows=40, hidden=64)
+        x = torch.empty(9, 64, dtype=torch.bfloat16)
+        idx, w = torch.empty(9, 2, dtype=torch.int32), torch.empty(9, 2)
+        assert itorch.moe_dispatch(x, idx, w, moe) is moe.expert_x
+        y = itorch.moe_combine(torch.empty(40, 64, dtype=torch.bfloat16), moe, tokens=9)
+        assert y.shape == (9, 64) and y.dtype == torch.bfloat16
+
+
+def test_moe_layer_traces_without_graph_breaks(group):
+    graphs = []
+    moe = MoeBuffersStandIn(group, recv_rows=40, hidden=64)
+
+    def capture(gm, example_inputs):  # records the graph; never runs the ops (no GPU here)
+        graphs.append(gm)
+        return lambda *args: (torch.empty(9, 64, dtype=torch.bfloat16),)
+
+    def layer(x, idx, w):  # dispatch, a stand-in expert, combine
+        ex = itorch.moe_dispatch(x, idx, w, moe)
+        return itorch.moe_combine(torch.relu(ex), moe, tokens=x.shape[0])
+
+    torch.compile(layer, fullgraph=True, backend=capture)(torch.empty(9, 64, dtype=torch.bfloat16),
+                                                          torch.empty(9, 2, dtype=torch.int32), torch.empty(9, 2))
+    assert len(graphs) == 1
+    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert any("moe_dispatch_into" in t for t in targets), targets
+    assert any("interlace.moe_combine" in t for t in targets), targets

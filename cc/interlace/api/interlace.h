@@ -18,6 +18,7 @@
 #include "interlace/ops/all_gather/plan.h"
 #include "interlace/ops/gemm_ar/launch.h"
 #include "interlace/ops/gemm_rs/launch.h"
+#include "interlace/ops/moe/launch.h"
 #include "interlace/ops/reduce/launch.h"
 #include "interlace/ops/reduce/plan.h"
 #include "interlace/runtime/group.h"

@@ -10,6 +10,8 @@ const char* op_name(OpId op) {
     case OpId::kAllReduce: return "all_reduce";
     case OpId::kGemmRs: return "gemm_rs";
     case OpId::kGemmAr: return "gemm_ar";
+    case OpId::kMoeDispatch: return "moe_dispatch";
+    case OpId::kMoeCombine: return "moe_combine";
     case OpId::kCancel: return "a cancelled call";
     default: return "unknown op";
   }
@@ -23,6 +25,10 @@ const char* flag_name(FlagId flag) {
     case FlagId::kChunk: return "chunk (a chunk of a peer's shard has landed)";
     case FlagId::kPartial: return "partial (a peer's partial of this rank's share has landed)";
     case FlagId::kReduced: return "reduced (an owner's reduced share has landed)";
+    case FlagId::kCounts: return "counts (a source's row of expert counts has landed)";
+    case FlagId::kArrived: return "arrived (a source's rows for a local expert have landed)";
+    case FlagId::kCombined: return "combined (an expert's outputs for this rank's tokens have landed)";
+    case FlagId::kBarrier: return "barrier (a CTA of this rank finished a phase)";
     default: return "unknown flag";
   }
 }

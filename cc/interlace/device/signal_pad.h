@@ -27,9 +27,23 @@ enum class OpId : int32_t {
   kAllReduce = 4,
   kGemmRs = 5,
   kGemmAr = 6,
-  kCancel = 7,
+  kMoeDispatch = 7,
+  kMoeCombine = 8,
+  kCancel = 9,  // no flags: after the ops with regions
 };
-enum class FlagId : int32_t { kNone = 0, kHello = 1, kDone = 2, kGate = 3, kChunk = 4, kPartial = 5, kReduced = 6 };
+enum class FlagId : int32_t {
+  kNone = 0,
+  kHello = 1,
+  kDone = 2,
+  kGate = 3,
+  kChunk = 4,
+  kPartial = 5,
+  kReduced = 6,
+  kCounts = 7,    // moe_dispatch: a source's row of expert counts
+  kArrived = 8,   // moe_dispatch: a source's rows for a local expert
+  kCombined = 9,  // moe_combine: an expert's outputs for this rank's tokens
+  kBarrier = 10,  // moe: a CTA of this rank has finished a phase
+};
 
 // The handshake every op kernel makes on entry (device/op_sequence.cuh). Ops of a group run one
 // after another on each rank (Group chains them), so a device counter numbers them; a kernel for op
@@ -56,8 +70,9 @@ struct OpSignals {
 
 constexpr uint64_t kOpRegionBytes = uint64_t{1} << 20;
 // One region per op kind with flags: OpIds 1 .. kNumOpRegions (kAllGather, kAgGemm, kReduceScatter,
-// kAllReduce, kGemmRs, kGemmAr). Grows with the ops.
-constexpr int kNumOpRegions = 6;
+// kAllReduce, kGemmRs, kGemmAr, kMoeDispatch, kMoeCombine). Grows with the ops.
+constexpr int kNumOpRegions = 8;
+static_assert(static_cast<int>(OpId::kCancel) == kNumOpRegions + 1, "every op before kCancel has a region");
 
 struct SignalPad {
   OpSignals ops;
@@ -96,6 +111,12 @@ struct HostControl {
   // numbers are call numbers, since every call, a failed one too, takes its place in the op sequence.
   uint64_t cancelled;
   DeviceFault fault;   // the first fault of this group
+  // moe_dispatch: the number of the last op call that dropped slots (a capacity too small), and how
+  // many slots every rank together dropped in it (each rank computes the same total from the
+  // exchanged counts). Not a fault: nothing was written out of bounds and the group stays usable;
+  // Group::check() raises on it once.
+  uint64_t overflowed;
+  int64_t overflow_dropped;
 };
 
 const char* op_name(OpId op);

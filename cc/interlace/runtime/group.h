@@ -78,7 +78,8 @@ class Group : public std::enable_shared_from_this<Group> {
 
   // Raises if the group is aborted (naming the rank, the op and the flag where a kernel stopped, or
   // the rank that died), or if a kernel skipped an op call because a peer's call of it failed its
-  // argument checks (reported once; the group stays usable). Ops call it first; callers call it
+  // argument checks, or if a moe_dispatch dropped slots for want of capacity (each reported once;
+  // the group stays usable). Ops call it first; callers call it
   // after synchronizing.
   void check();
   // Raises only if the group is aborted.
@@ -135,6 +136,7 @@ class Group : public std::enable_shared_from_this<Group> {
   cudaEvent_t last_op_ = nullptr;
   uint64_t calls_ = 0;  // op calls so far, failed ones included: ranks number them alike
   uint64_t cancels_reported_ = 0;  // the last call whose cancel was reported
+  uint64_t overflows_reported_ = 0;  // the last moe_dispatch call whose dropped slots were reported
   // The last op call issued, so that an abort names the op that was in flight. Atomic: the
   // watchdog's thread describes aborts too.
   std::atomic<uint64_t> last_issued_{0};  // call number << 8 | OpId

@@ -1,5 +1,5 @@
-// Host and device plan of expert-parallel MoE dispatch and combine (issue 12). Groundwork: the
-// kernels that execute it come later; everything here is CPU-tested (tests/cc/moe_plan_test.cc).
+// Host and device plan of expert-parallel MoE dispatch and combine (issue 12), CPU-tested
+// (tests/cc/moe_plan_test.cc). ops/moe/kernel.cuh executes it (moe_dispatch, moe_combine).
 //
 // W ranks, E experts (E % W == 0), L = E / W experts per rank: expert e lives on rank e / L as its
 // local expert e % L. Every rank has up to T tokens, each routed to k distinct experts (topk_idx
@@ -52,8 +52,9 @@ constexpr int kMoeMaxTopk = 256;              // MoeSlot::topk_pos is 16 bits
 constexpr int64_t kMoeRowAlignBytes = 16;     // rows move with 16-byte vector stores / TMA
 constexpr uint64_t kMoeBufferAlign = 256;     // every buffer of the workspace starts 256-byte aligned
 // Flags are 64-bit op numbers (values only grow: waits are ">=", nothing is reset); an op's region
-// of the signal pad holds this many.
-constexpr int64_t kMoeMaxFlags = static_cast<int64_t>(kOpRegionBytes / sizeof(uint64_t));
+// of the signal pad holds this many, after one barrier word per CTA (ops/moe/flags.h).
+constexpr int64_t kMoeBarrierWords = kMaxBlocks;
+constexpr int64_t kMoeMaxFlags = static_cast<int64_t>(kOpRegionBytes / sizeof(uint64_t)) - kMoeBarrierWords;
 
 enum class MoeCapacityKind : int32_t {
   kPerExpert = 0,  // capacity rows for each local expert
@@ -169,6 +170,32 @@ struct MoePlan {
       if (dropped_at(counts, d) > 0) return true;
     }
     return false;
+  }
+
+  // ---- The kernels' per-slot rules (ops/moe/kernel.cuh), here so that the CPU tests hold them to
+  // moe_reference.
+  // A slot numbered pos among its source's slots for its expert, in a run that starts at run_row
+  // and keeps run_kept rows: its receive row, or -1 where it is dropped (slot_row, from the run).
+  IL_HOST_DEVICE static int32_t kept_row(int32_t run_row, int32_t run_kept, int32_t pos) {
+    return pos < run_kept ? run_row + pos : -1;
+  }
+  // Where expert e's kept rows start: region_start, but kPerRank's unclipped start of an expert left
+  // without room is clipped to the region's end (its kept rows are 0).
+  IL_HOST_DEVICE int32_t first_row(const int32_t* counts, int32_t e) const {
+    const int32_t start = region_start(counts, e), end = region_end(e);
+    return start < end ? start : end;
+  }
+  // Of a token's top-k entries (expert[q]: -1 where unused; row[q]: -1 where unused or dropped), the
+  // position of kept entry j's primary: the kept entry of the lowest-numbered expert on j's rank
+  // (the lowest position among equal experts, should a routing repeat one).
+  IL_HOST_DEVICE int32_t primary_of(const int32_t* expert, const int32_t* row, int32_t j) const {
+    const int32_t d = rank_of_expert(expert[j]);
+    int32_t first = j;
+    for (int32_t q = 0; q < topk; ++q) {
+      if (row[q] < 0 || rank_of_expert(expert[q]) != d) continue;
+      if (expert[q] < expert[first] || (expert[q] == expert[first] && q < first)) first = q;
+    }
+    return first;
   }
 
   // ---- The combine: slot (token t, top-k entry j) comes home to this row of the combine buffer.

@@ -1,0 +1,31 @@
+// The host checks of moe_dispatch and moe_combine, made before any GPU work (no GPU needed: the CPU
+// tests call them, and so does the Python binding's _check_moe_*_args).
+#pragma once
+
+#include <cstdint>
+
+#include "interlace/base/tensor.h"
+#include "interlace/ops/moe/plan.h"
+
+namespace interlace {
+
+// What a dispatch call asks for, beside its tensors.
+struct MoeDispatchOptions {
+  int64_t experts = 0;       // E, over all ranks
+  int64_t capacity = 0;      // receive rows per local expert (kPerExpert) or per rank (kPerRank)
+  MoeCapacityKind capacity_kind = MoeCapacityKind::kPerExpert;
+  int64_t max_tokens = -1;   // the most tokens any rank dispatches (the same on every rank); -1: this rank's
+};
+
+// x [T, H] bfloat16, topk_idx [T, k] int32 or int64, topk_weights [T, k] float32, all contiguous on
+// the group's GPU, x 16-byte aligned with H x 2 bytes a multiple of 16; T <= max_tokens. Returns the
+// shape to plan with (make_moe_plan checks the rest: E % W, k, capacity, 32-bit rows).
+MoeShape check_moe_dispatch_args(const TensorView& x, const TensorView& topk_idx, const TensorView& topk_weights,
+                                 const MoeDispatchOptions& options, int world_size, int device);
+
+// expert_out [recv_rows, H] bfloat16 (the receive buffer's layout), out [tokens, H] bfloat16, where
+// tokens is the dispatch's T on this rank; contiguous, 16-byte aligned, on the group's GPU, apart.
+void check_moe_combine_args(const TensorView& expert_out, const TensorView& out, const MoePlan& plan,
+                            int64_t tokens, int device);
+
+}  // namespace interlace

@@ -1,0 +1,170 @@
+#include "interlace/ops/moe/launch.h"
+
+#include <algorithm>
+
+#include "interlace/base/cuda.h"
+#include "interlace/ops/moe/kernel.cuh"
+#include "interlace/runtime/op_call.h"
+
+namespace interlace {
+namespace {
+
+uint64_t align_up(uint64_t bytes) { return (bytes + kMoeBufferAlign - 1) / kMoeBufferAlign * kMoeBufferAlign; }
+
+const char* kind_name(MoeCapacityKind kind) {
+  return kind == MoeCapacityKind::kPerExpert ? "per_expert" : "per_rank";
+}
+
+bool same_shape(const MoeShape& a, const MoeShape& b) {
+  return a.world == b.world && a.experts == b.experts && a.topk == b.topk && a.row_bytes == b.row_bytes &&
+         a.tokens == b.tokens && a.capacity == b.capacity && a.capacity_kind == b.capacity_kind;
+}
+
+std::string describe(const MoeShape& s) {
+  return detail::concat("world=", s.world, ", experts=", s.experts, ", topk=", s.topk, ", hidden=", s.row_bytes / 2,
+                        ", max_tokens=", s.tokens, ", capacity=", s.capacity, ", capacity_kind=",
+                        kind_name(s.capacity_kind));
+}
+
+// The phases' grid barriers need every CTA resident: one per SM (the kernels take a whole SM's
+// threads at most), never more CTAs than barrier words.
+int num_blocks(const Group& group) { return std::min(group.num_sms(), static_cast<int>(kMoeBarrierWords)); }
+
+MoeCommonParams common_params(Group& group, OpId op, uint64_t signature, const MoeHandle& h, int64_t tokens) {
+  const Topology& topo = group.topology();
+  SymmetricHeap& heap = group.heap();
+  MoeCommonParams c{};
+  for (int q = 0; q < topo.local_size(); ++q) c.transport.heaps[q] = heap.base(q);
+  c.transport.local_rank = topo.local_rank;
+  c.transport.local_size = topo.local_size();
+  c.wait = device::WaitContext{topo.rank, op, heap.pad(topo.local_rank), group.device_control(), group.timeout_ns()};
+  c.signature = signature;
+  c.plan = h.plan();
+  c.tokens = static_cast<int32_t>(tokens);
+  c.workspace = h.workspace();
+  c.workspace_here = heap.local_base() + h.workspace();
+  return c;
+}
+
+}  // namespace
+
+MoeHandle::MoeHandle(Group& group, const MoeShape& shape) : group_(group), shape_(shape), plan_(make_moe_plan(shape)) {
+  const uint64_t slots = static_cast<uint64_t>(plan_.combine_rows);
+  home_row_ = plan_.heap_bytes;
+  home_weight_ = align_up(home_row_ + slots * sizeof(int32_t));
+  expert_start_ = align_up(home_weight_ + slots * sizeof(float));
+  expert_rows_ = align_up(expert_start_ + static_cast<uint64_t>(plan_.experts_per_rank) * sizeof(int32_t));
+  const uint64_t bytes = align_up(expert_rows_ + static_cast<uint64_t>(plan_.experts_per_rank) * sizeof(int32_t));
+  offset_ = group.allocate(bytes, "moe handle (" + describe(shape) + ")");
+}
+
+MoeHandle::~MoeHandle() {
+  try {
+    group_.free(offset_);
+  } catch (...) {  // a destructor never throws; the heap only leaks the block
+  }
+}
+
+TensorView MoeHandle::view(uint64_t offset, std::vector<int64_t> shape, DLDataType dtype) const {
+  TensorView v;
+  v.data = group_.heap().local_base() + offset_ + offset;
+  v.device = DLDevice{kDLCUDA, group_.device()};
+  v.dtype = dtype;
+  v.shape = std::move(shape);
+  return v;
+}
+
+TensorView MoeHandle::expert_x() const {
+  return view(plan_.recv_offset, {plan_.recv_rows, hidden()}, DLDataType{kDLBfloat, 16, 1});
+}
+TensorView MoeHandle::counts() const {
+  return view(plan_.counts_offset, {plan_.world, plan_.experts}, DLDataType{kDLInt, 32, 1});
+}
+TensorView MoeHandle::slots() const {
+  return view(plan_.slots_offset, {plan_.recv_rows, 4}, DLDataType{kDLInt, 32, 1});
+}
+TensorView MoeHandle::expert_starts() const {
+  return view(expert_start_, {plan_.experts_per_rank}, DLDataType{kDLInt, 32, 1});
+}
+TensorView MoeHandle::expert_rows() const {
+  return view(expert_rows_, {plan_.experts_per_rank}, DLDataType{kDLInt, 32, 1});
+}
+
+void moe_dispatch(Group& group, MoeHandle& handle, const TensorView& x, const TensorView& topk_idx,
+                  const TensorView& topk_weights, cudaStream_t stream) {
+  OpCall call(group, OpId::kMoeDispatch, stream);
+  const Topology& topo = group.topology();
+  SymmetricHeap& heap = group.heap();
+  const MoePlan& plan = handle.plan();
+  const int blocks = num_blocks(group);
+  size_t scratch = 0;
+  uint64_t run_row = 0, run_kept = 0, dropped = 0;  // offsets in the scratch
+  const uint64_t signature = call.agree([&] {
+    check_one_node(group, "moe_dispatch");
+    const MoeShape& want = handle.shape();
+    MoeDispatchOptions options{want.experts, want.capacity, want.capacity_kind, want.tokens};
+    const MoeShape shape = check_moe_dispatch_args(x, topk_idx, topk_weights, options, topo.world_size, group.device());
+    IL_CHECK(same_shape(shape, want), "moe_dispatch: the arguments give (", describe(shape),
+             ") but the handle was made for (", describe(want), ")");
+    // Scratch of this call: pos [max_tokens x k], then run_row and run_kept [E], then two counters.
+    const uint64_t pos_bytes = align_up(static_cast<uint64_t>(plan.combine_rows) * sizeof(int32_t));
+    const uint64_t experts_bytes = align_up(static_cast<uint64_t>(plan.experts) * sizeof(int32_t));
+    run_row = pos_bytes;
+    run_kept = run_row + experts_bytes;
+    dropped = run_kept + experts_bytes;
+    scratch = group.scratch(dropped + kMoeBufferAlign, "moe_dispatch's slot numbers and runs", call.capturing());
+    return detail::concat("moe_dispatch(", describe(want), ", index_bits=", static_cast<int>(topk_idx.dtype.bits),
+                          ", workspace=", handle.workspace(), ", scratch=", scratch, ", num_blocks=", blocks, ")");
+  });
+  const int64_t tokens = x.shape[0];
+  MoeDispatchParams p{};
+  p.c = common_params(group, OpId::kMoeDispatch, signature, handle, tokens);
+  char* base = heap.local_base();
+  p.c.home_row = reinterpret_cast<int32_t*>(base + handle.workspace() + handle.home_row_);
+  p.c.home_weight = reinterpret_cast<float*>(base + handle.workspace() + handle.home_weight_);
+  p.c.expert_start = reinterpret_cast<int32_t*>(base + handle.workspace() + handle.expert_start_);
+  p.c.expert_rows = reinterpret_cast<int32_t*>(base + handle.workspace() + handle.expert_rows_);
+  p.x = static_cast<const char*>(x.data);
+  p.topk_idx = topk_idx.data;
+  p.topk_weights = static_cast<const float*>(topk_weights.data);
+  p.pos = reinterpret_cast<int32_t*>(base + scratch);
+  p.run_row = reinterpret_cast<int32_t*>(base + scratch + run_row);
+  p.run_kept = reinterpret_cast<int32_t*>(base + scratch + run_kept);
+  p.dropped = reinterpret_cast<int32_t*>(base + scratch + dropped);
+  const bool wide = topk_idx.dtype.bits == 64;
+  // Before the launch: launch() can raise after issuing the kernel (an earlier call's cancel), and
+  // the combine must still see this dispatch's token count.
+  handle.tokens_ = tokens;
+  call.launch([&](cudaStream_t s) {
+    if (wide) {
+      moe_dispatch_kernel<int64_t><<<blocks, kMoeThreads, 0, s>>>(p);
+    } else {
+      moe_dispatch_kernel<int32_t><<<blocks, kMoeThreads, 0, s>>>(p);
+    }
+  });
+}
+
+void moe_combine(Group& group, MoeHandle& handle, const TensorView& expert_out, const TensorView& out,
+                 cudaStream_t stream) {
+  OpCall call(group, OpId::kMoeCombine, stream);
+  const int blocks = num_blocks(group);
+  const uint64_t signature = call.agree([&] {
+    check_one_node(group, "moe_combine");
+    IL_CHECK(handle.tokens() >= 0, "moe_combine: the handle has not dispatched yet; call moe_dispatch with it first");
+    check_moe_combine_args(expert_out, out, handle.plan(), handle.tokens(), group.device());
+    return detail::concat("moe_combine(", describe(handle.shape()), ", workspace=", handle.workspace(),
+                          ", num_blocks=", blocks, ")");
+  });
+  MoeCombineParams p{};
+  p.c = common_params(group, OpId::kMoeCombine, signature, handle, handle.tokens());
+  char* base = group.heap().local_base() + handle.workspace();
+  p.c.home_row = reinterpret_cast<int32_t*>(base + handle.home_row_);
+  p.c.home_weight = reinterpret_cast<float*>(base + handle.home_weight_);
+  p.c.expert_start = reinterpret_cast<int32_t*>(base + handle.expert_start_);
+  p.c.expert_rows = reinterpret_cast<int32_t*>(base + handle.expert_rows_);
+  p.expert_out = static_cast<const char*>(expert_out.data);
+  p.out = static_cast<char*>(out.data);
+  call.launch([&](cudaStream_t s) { moe_combine_kernel<<<blocks, kMoeThreads, 0, s>>>(p); });
+}
+
+}  // namespace interlace

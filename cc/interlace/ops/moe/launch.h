@@ -1,0 +1,81 @@
+// Expert-parallel MoE over NVLink, unfused: moe_dispatch sends each token's row to the ranks of its
+// top-k experts (once per rank), moe_combine brings the experts' outputs home and sums them there.
+// The layout, overflow and combine rules are ops/moe/plan.h's. UNVERIFIED ON A GPU.
+//
+//   MoeHandle handle(group, shape);                       // once per shape: symmetric workspace
+//   moe_dispatch(group, handle, x, topk_idx, topk_weights, stream);
+//   ... expert FFN on handle.expert_x() -> expert_out (same rows) ...
+//   moe_combine(group, handle, expert_out, out, stream);
+//   cudaStreamSynchronize(stream); group.check();        // raises if a dispatch dropped slots
+//
+// Nothing syncs with the host: counts stay on the device and a layer can be captured in a CUDA graph.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "interlace/base/tensor.h"
+#include "interlace/ops/moe/args.h"
+#include "interlace/ops/moe/plan.h"
+#include "interlace/runtime/group.h"
+
+namespace interlace {
+
+// What a dispatch leaves for its combine and for the expert GEMMs: the receive rows, their slot
+// metadata, the exchanged counts, per local expert its rows, and at home each slot's row and weight.
+// Its own symmetric allocation, not the group's scratch: other ops may run between a dispatch and
+// its combine. A dispatch overwrites what the last one with the same handle left.
+class MoeHandle {
+ public:
+  // Collective (a symmetric allocation): every rank makes its handles in the same order, with the
+  // same shape (make_moe_plan checks it). The handle must not outlive the group.
+  MoeHandle(Group& group, const MoeShape& shape);
+  ~MoeHandle();
+  MoeHandle(const MoeHandle&) = delete;
+  MoeHandle& operator=(const MoeHandle&) = delete;
+
+  const MoeShape& shape() const { return shape_; }
+  const MoePlan& plan() const { return plan_; }
+  int64_t hidden() const { return shape_.row_bytes / 2; }
+  // This rank's tokens in the last dispatch; -1 before the first.
+  int64_t tokens() const { return tokens_; }
+  uint64_t workspace() const { return offset_; }
+
+  // Device tensors of this rank, valid after a dispatch (stream-ordered), in the group's heap.
+  TensorView expert_x() const;       // [recv_rows, H] bf16: rows past an expert's kept rows hold stale data
+  TensorView counts() const;         // [W, E] int32: counts[s][e], source s's tokens routed to e
+  TensorView slots() const;          // [recv_rows, 4] int32: MoeSlot per receive row (16 bytes)
+  TensorView expert_starts() const;  // [L] int32: a local expert's first row in expert_x
+  TensorView expert_rows() const;    // [L] int32: its kept rows (the grouped GEMM's M)
+
+ private:
+  friend void moe_dispatch(Group&, MoeHandle&, const TensorView&, const TensorView&, const TensorView&, cudaStream_t);
+  friend void moe_combine(Group&, MoeHandle&, const TensorView&, const TensorView&, cudaStream_t);
+  TensorView view(uint64_t offset, std::vector<int64_t> shape, DLDataType dtype) const;
+
+  Group& group_;
+  MoeShape shape_;
+  MoePlan plan_;
+  size_t offset_ = 0;  // the workspace in the heap: the plan's buffers, then the local arrays below
+  uint64_t home_row_ = 0, home_weight_ = 0, expert_start_ = 0, expert_rows_ = 0;  // from offset_
+  int64_t tokens_ = -1;
+};
+
+// Sends x [T, H] bf16 to the experts topk_idx [T, k] (int32 or int64; -1: unused) names, with
+// topk_weights [T, k] fp32 for the combine; T may differ between ranks (at most shape.tokens).
+// The shape the arguments give (check_moe_dispatch_args with the handle's experts, capacity and
+// tokens) must be the handle's. Slots past the capacity are dropped (plan.h), never written out of
+// bounds; the group's check() then raises once.
+void moe_dispatch(Group& group, MoeHandle& handle, const TensorView& x, const TensorView& topk_idx,
+                  const TensorView& topk_weights, cudaStream_t stream);
+
+// out [T, H] bf16 (T: this rank's tokens in the handle's dispatch) = for each token, the sum over its
+// top-k entries in order of weight x expert_out's row for that slot, in fp32, rounded once; unused
+// and dropped entries add nothing (a token with none gets zeros). expert_out [recv_rows, H] bf16 is in
+// expert_x's layout (only the kept rows are read).
+void moe_combine(Group& group, MoeHandle& handle, const TensorView& expert_out, const TensorView& out,
+                 cudaStream_t stream);
+
+}  // namespace interlace

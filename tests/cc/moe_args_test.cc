@@ -1,0 +1,160 @@
+// moe_dispatch / moe_combine's host checks (ops/moe/args.h): every bad argument is refused before any
+// GPU work, with a message naming the argument. Tensors are views over host buffers tagged as CUDA:
+// the checks never touch the data.
+#include "interlace/ops/moe/args.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "interlace/base/error.h"
+#include "interlace/ops/moe/flags.h"
+#include "tests/cc/error_of.h"
+
+namespace interlace {
+namespace {
+
+constexpr int kDevice = 0;
+alignas(256) char g_memory[1 << 16];  // what the views point into; 256-byte aligned
+
+TensorView tensor(std::vector<int64_t> shape, DLDataType dtype, size_t at = 0, int device = kDevice) {
+  TensorView v;
+  v.data = g_memory + at;
+  v.device = DLDevice{kDLCUDA, device};
+  v.dtype = dtype;
+  v.shape = std::move(shape);
+  return v;
+}
+
+const DLDataType kBf16{kDLBfloat, 16, 1}, kF32{kDLFloat, 32, 1}, kI32{kDLInt, 32, 1}, kI64{kDLInt, 64, 1};
+
+struct Call {
+  TensorView x = tensor({16, 64}, kBf16);
+  TensorView idx = tensor({16, 2}, kI32, 4096);
+  TensorView w = tensor({16, 2}, kF32, 8192);
+  MoeDispatchOptions options{8, 32, MoeCapacityKind::kPerExpert, -1};
+  int world = 2;
+
+  std::string error() const {
+    return error_of([&] { check_moe_dispatch_args(x, idx, w, options, world, kDevice); });
+  }
+};
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+TEST(MoeDispatchArgs, AcceptsAGoodCallAndReturnsItsShape) {
+  Call c;
+  const MoeShape s = check_moe_dispatch_args(c.x, c.idx, c.w, c.options, c.world, kDevice);
+  EXPECT_EQ(s.world, 2);
+  EXPECT_EQ(s.experts, 8);
+  EXPECT_EQ(s.topk, 2);
+  EXPECT_EQ(s.row_bytes, 128);
+  EXPECT_EQ(s.tokens, 16);  // max_tokens -1: this rank's
+  EXPECT_EQ(s.capacity, 32);
+  c.idx.dtype = kI64;
+  c.options.max_tokens = 100;
+  c.options.capacity_kind = MoeCapacityKind::kPerRank;
+  const MoeShape wide = check_moe_dispatch_args(c.x, c.idx, c.w, c.options, c.world, kDevice);
+  EXPECT_EQ(wide.tokens, 100);
+  EXPECT_EQ(wide.capacity_kind, MoeCapacityKind::kPerRank);
+}
+
+TEST(MoeDispatchArgs, ZeroTokensIsACall) {
+  Call c;
+  c.x.shape = {0, 64};
+  c.idx.shape = c.w.shape = {0, 2};
+  c.options.max_tokens = 16;
+  EXPECT_EQ(c.error(), "");
+}
+
+TEST(MoeDispatchArgs, RefusesEachBadArgument) {
+  struct Case {
+    const char* what;
+    void (*spoil)(Call&);
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"x fp32", [](Call& c) { c.x.dtype = kF32; }, "x has dtype float32"},
+      {"x 1-D", [](Call& c) { c.x.shape = {1024}; }, "x must be 2-D"},
+      {"x strided", [](Call& c) { c.x.strides = {1, 16}; }, "x must be contiguous"},
+      {"x on cpu", [](Call& c) { c.x.device = DLDevice{kDLCPU, 0}; }, "x is on cpu"},
+      {"x on another GPU", [](Call& c) { c.x.device = DLDevice{kDLCUDA, 1}; }, "cuda:1"},
+      {"x misaligned", [](Call& c) { c.x.data = g_memory + 2; }, "16-byte aligned"},
+      {"hidden not x8", [](Call& c) { c.x.shape = {16, 60}; }, "multiple of 8 elements"},
+      {"idx rows", [](Call& c) { c.idx.shape = {15, 2}; }, "topk_idx has shape"},
+      {"idx float", [](Call& c) { c.idx.dtype = kF32; }, "int32 or int64"},
+      {"idx int16", [](Call& c) { c.idx.dtype = DLDataType{kDLInt, 16, 1}; }, "int32 or int64"},
+      {"idx misaligned", [](Call& c) { c.idx.data = g_memory + 4096 + 2; }, "topk_idx must start"},
+      {"weights shape", [](Call& c) { c.w.shape = {16, 3}; }, "topk_weights has shape"},
+      {"weights bf16", [](Call& c) { c.w.dtype = kBf16; }, "float32"},
+      {"weights on cpu", [](Call& c) { c.w.device = DLDevice{kDLCPU, 0}; }, "topk_weights is on cpu"},
+      {"too many tokens", [](Call& c) { c.options.max_tokens = 8; }, "more than max_tokens"},
+      {"E % W", [](Call& c) { c.options.experts = 7; }, "multiple of the world size"},
+      {"k > E", [](Call& c) { c.options.experts = 1; c.world = 1; }, "k must be <= experts"},
+      {"k too big", [](Call& c) { c.idx.shape = c.w.shape = {16, 300}; c.options.experts = 512; }, "top-k must be"},
+      {"capacity 0", [](Call& c) { c.options.capacity = 0; }, "capacity"},
+      {"flags", [](Call& c) { c.options.experts = 2 * kMoeMaxFlags; }, "flags"},
+  };
+  for (const Case& k : cases) {
+    Call c;
+    k.spoil(c);
+    const std::string e = c.error();
+    EXPECT_TRUE(has(e, "moe")) << k.what << ": " << e;
+    EXPECT_TRUE(has(e, k.needle)) << k.what << ": expected '" << k.needle << "' in: " << e;
+  }
+}
+
+TEST(MoeCombineArgs, AcceptsTheDispatchLayoutAndRefusesOthers) {
+  MoeShape shape;
+  shape.world = 2;
+  shape.experts = 8;
+  shape.topk = 2;
+  shape.row_bytes = 128;
+  shape.tokens = 16;
+  shape.capacity = 10;
+  const MoePlan plan = make_moe_plan(shape);  // recv_rows = 4 x 10
+  const TensorView expert_out = tensor({40, 64}, kBf16);
+  const TensorView out = tensor({12, 64}, kBf16, 40 * 128);
+  auto error = [&](TensorView eo, TensorView o, int64_t tokens = 12) {
+    return error_of([&] { check_moe_combine_args(eo, o, plan, tokens, kDevice); });
+  };
+  EXPECT_EQ(error(expert_out, out), "");
+  TensorView bad = expert_out;
+  bad.shape = {39, 64};
+  EXPECT_TRUE(has(error(bad, out), "expert_out has shape [39, 64]; it must be [40, 64]"));
+  bad = out;
+  bad.shape = {16, 64};
+  EXPECT_TRUE(has(error(expert_out, bad), "the dispatch's tokens on this rank"));
+  bad = expert_out;
+  bad.dtype = kF32;
+  EXPECT_TRUE(has(error(bad, out), "expert_out has dtype float32"));
+  bad = out;
+  bad.data = g_memory + 8;
+  EXPECT_TRUE(has(error(expert_out, bad), "out must start 16-byte aligned"));
+  bad = out;
+  bad.data = g_memory + 128;
+  EXPECT_TRUE(has(error(expert_out, bad), "overlap"));
+  bad = out;
+  bad.device = DLDevice{kDLCUDA, 3};
+  EXPECT_TRUE(has(error(expert_out, bad), "cuda:3"));
+  EXPECT_EQ(error(expert_out, tensor({0, 64}, kBf16, 40 * 128), 0), "");
+}
+
+TEST(MoeFlagsLayout, PlanFlagsFollowTheBarrierWordsWithinTheRegion) {
+  EXPECT_EQ(sizeof(MoeFlags), kOpRegionBytes);
+  EXPECT_EQ(offsetof(MoeFlags, plan), kMoeBarrierWords * sizeof(uint64_t));
+  // The largest plan the flags allow fits: W + 2E + 2 <= kMoeMaxFlags.
+  MoeShape s;
+  s.world = 2;
+  s.experts = (kMoeMaxFlags - 2 - 2) / 2 / 2 * 2;
+  s.topk = 1;
+  s.row_bytes = 16;
+  s.tokens = 1;
+  s.capacity = 1;
+  EXPECT_LE(make_moe_plan(s).flags, kMoeMaxFlags);
+}
+
+}  // namespace
+}  // namespace interlace

@@ -1,0 +1,431 @@
+"""One rank of a moe_dispatch / moe_combine GPU test scenario (see test_moe.py). Exits non-zero on
+failure, saying which rank, case and what differed.
+
+Every rank can rebuild every rank's tokens and routing (seeded by case and rank), so the references
+need no communication. The reference layout walks the routing as ops/moe/plan.h defines it
+(moe_reference's order: per destination, local expert, source, token); the expert is a per-expert
+affine map in bf16, and the combine's reference is the fp32 sum over top-k entries in order of
+weight x the expert's output, rounded once: what interlace promises bit for bit."""
+import os
+import sys
+
+import torch
+
+import interlace
+from interlace.bench.launch import expect_error
+
+RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+MIB = 1 << 20
+INPUTS = {}  # a handle's last dispatch's inputs, by id(handle)
+
+
+class Case:
+    """A routing pattern: every rank's tokens, routing and weights, from the case's seed."""
+
+    def __init__(self, name, experts, topk, hidden, tokens, route, capacity=None, kind="per_expert",
+                 index_dtype=torch.int32, seed=0):
+        self.name, self.experts, self.topk, self.hidden = name, experts, topk, hidden
+        self.tokens = tokens if isinstance(tokens, list) else [tokens] * WORLD  # per rank
+        self.kind, self.index_dtype, self.seed = kind, index_dtype, seed
+        self.local = experts // WORLD
+        g = torch.Generator().manual_seed(seed)
+        self.idx = [route(g, s, self.tokens[s], experts, topk) for s in range(WORLD)]
+        self.weights = [torch.rand(self.tokens[s], topk, generator=g) for s in range(WORLD)]
+        self.x = [(torch.randn(self.tokens[s], hidden, generator=g) * 4).to(torch.bfloat16) for s in range(WORLD)]
+        self.max_tokens = max(max(self.tokens), 1)
+        need = self.needed_capacity()
+        self.capacity = need if capacity is None else capacity(need)
+
+    def needed_capacity(self):
+        """The smallest capacity that drops nothing for this routing (at least 1)."""
+        totals = torch.zeros(self.experts, dtype=torch.int64)
+        for idx in self.idx:
+            used = idx[idx >= 0]
+            totals += torch.bincount(used, minlength=self.experts)
+        if self.kind == "per_expert":
+            return max(int(totals.max()), 1)
+        return max(int(totals.view(WORLD, self.local).sum(1).max()), 1)
+
+    def layout(self):
+        """(row_of, counts, starts, kept): row_of[s] [T_s, k], the slot's receive row at its expert's
+        rank or -1 (unused, dropped); counts [W, E]; per local expert of this rank its first row and
+        kept rows."""
+        W, E, L, k, C = WORLD, self.experts, self.local, self.topk, self.capacity
+        counts = torch.stack([torch.bincount(i[i >= 0], minlength=E) for i in self.idx]).to(torch.int32)
+        row_of = [torch.full_like(i, -1, dtype=torch.int64) for i in self.idx]
+        starts, kept = torch.zeros(L, dtype=torch.int32), torch.zeros(L, dtype=torch.int32)
+        for d in range(W):
+            cursor = 0
+            for l in range(L):
+                e = d * L + l
+                if self.kind == "per_expert":
+                    base, end, cursor = l * C, (l + 1) * C, 0
+                else:
+                    base, end = 0, C
+                first = base + cursor
+                n_kept = 0
+                for s in range(W):
+                    t, j = (self.idx[s] == e).nonzero(as_tuple=True)  # token order: a token lists e once
+                    rows = base + cursor + torch.arange(t.numel())
+                    cursor += t.numel()
+                    ok = rows < end
+                    row_of[s][t[ok], j[ok]] = rows[ok]
+                    n_kept += int(ok.sum())
+                if d == RANK:
+                    starts[l], kept[l] = min(first, end), n_kept
+        return row_of, counts, starts, kept
+
+    def expert_fn(self, rows_x, e):
+        """The stand-in expert e: an affine map in fp32, rounded to bf16 (any per-expert function would do)."""
+        scale = 1.0 + 0.125 * (e % 7)
+        shift = 0.0625 * (e % 5) - 0.125
+        return (rows_x.float() * scale + shift).to(torch.bfloat16)
+
+
+def route_random(g, s, T, E, k):
+    return torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]) if T else torch.empty(0, k,
+                                                                                                    dtype=torch.int64)
+
+
+def route_zipf(g, s, T, E, k):
+    """Skewed: expert popularity ~ 1 / rank^1.2 (a shuffled Zipf), k distinct per token."""
+    if T == 0:
+        return torch.empty(0, k, dtype=torch.int64)
+    p = 1.0 / torch.arange(1, E + 1, dtype=torch.float64) ** 1.2
+    p = p[torch.randperm(E, generator=g)]
+    return torch.multinomial(p.unsqueeze(0).expand(T, E).contiguous(), k, replacement=False, generator=g)
+
+
+def route_subset(experts_used):
+    def route(g, s, T, E, k):
+        used = torch.tensor(experts_used(E))
+        if T == 0:
+            return torch.empty(0, k, dtype=torch.int64)
+        return torch.stack([used[torch.randperm(used.numel(), generator=g)[:k]] for _ in range(T)])
+    return route
+
+
+def route_with_unused(g, s, T, E, k):
+    idx = route_random(g, s, T, E, k)
+    if T:
+        idx[torch.rand(T, k, generator=g) < 0.3] = -1
+    return idx
+
+
+def route_one_rank_per_token(g, s, T, E, k):
+    """Every token's k experts on one rank (k <= local experts): it travels once."""
+    L = E // WORLD
+    if T == 0:
+        return torch.empty(0, k, dtype=torch.int64)
+    d = torch.randint(0, WORLD, (T,), generator=g)
+    return torch.stack([d[t] * L + torch.randperm(L, generator=g)[:k] for t in range(T)])
+
+
+def cases():
+    """Non-overflowing routing patterns (capacity exactly what they need, unless said)."""
+    r = route_random
+    E8 = max(8, 2 * WORLD)
+    yield Case("random", E8, 2, 256, 64, r, seed=1)
+    yield Case("random top-1", E8, 1, 128, 100, r, seed=2)
+    yield Case("random top-k = E", E8, E8, 64, 16, r, seed=3)
+    yield Case("random int64 index", 4 * WORLD, 4, 512, 77, r, index_dtype=torch.int64, seed=4)
+    yield Case("random per-rank capacity", 4 * WORLD, 3, 256, 90, r, kind="per_rank", seed=5)
+    yield Case("random, capacity to spare", E8, 2, 256, 50, r, capacity=lambda need: need + 17, seed=6)
+    yield Case("zipf", 16 * WORLD, 4, 256, 200, route_zipf, seed=7)
+    yield Case("zipf per rank", 16 * WORLD, 4, 256, 200, route_zipf, kind="per_rank", seed=8)
+    yield Case("zipf deepseek-like small", 32 * WORLD, 8, 1024, 128, route_zipf, seed=9)
+    yield Case("empty experts (only even ones)", 8 * WORLD, 2, 256, 64,
+               route_subset(lambda E: list(range(0, E, 2))), seed=10)
+    yield Case("empty experts per rank", 8 * WORLD, 2, 256, 64,
+               route_subset(lambda E: list(range(0, E, 2))), kind="per_rank", seed=11)
+    yield Case("all tokens to rank 0", 4 * WORLD, 2, 256, 80,
+               route_subset(lambda E: list(range(E // WORLD))), seed=12)
+    yield Case("all tokens to the last rank, per rank", 4 * WORLD, 2, 256, 80,
+               route_subset(lambda E: list(range(E - E // WORLD, E))), kind="per_rank", seed=13)
+    yield Case("all tokens to one expert", 4 * WORLD, 1, 256, 60, route_subset(lambda E: [E - 1]), seed=14)
+    yield Case("each token's experts on one rank", 4 * WORLD, 3, 256, 70, route_one_rank_per_token, seed=15)
+    yield Case("each token's experts on one rank, per rank", 4 * WORLD, 4, 128, 70, route_one_rank_per_token,
+               kind="per_rank", seed=16)
+    yield Case("unused entries (-1)", E8, 3, 256, 64, route_with_unused, seed=17)
+    yield Case("one rank with no tokens", E8, 2, 256, [0] + [48] * (WORLD - 1), r, seed=18)
+    yield Case("every rank but the last without tokens", E8, 2, 256, [0] * (WORLD - 1) + [33], r, seed=19)
+    yield Case("no tokens anywhere", E8, 2, 256, 0, r, seed=20)
+    yield Case("uneven token counts", E8, 2, 256, [5 + 13 * s for s in range(WORLD)], r, seed=21)
+    yield Case("hidden 8 (one vector)", E8, 2, 8, 64, r, seed=22)
+    yield Case("hidden 7168, 128 experts per rank, top-8", 128 * WORLD, 8, 7168, 256, route_zipf, kind="per_rank",
+               seed=23)
+    yield Case("mixtral-like: 8 experts, top-2, hidden 4096", 8, 2, 4096, 512, r, seed=24) if 8 % WORLD == 0 else \
+        Case("mixtral-like: 2 per rank, top-2, hidden 4096", 2 * WORLD, 2, 4096, 512, r, seed=24)
+
+
+def fail(case, what):
+    raise AssertionError(f"rank {RANK}, case '{case.name}': {what}")
+
+
+def dispatch(group, case, handle=None, stream=None):
+    """Issues case's dispatch on this rank; returns (expert_x as a torch tensor, handle)."""
+    dev = torch.device("cuda")
+    x = case.x[RANK].to(dev)
+    idx = case.idx[RANK].to(case.index_dtype).to(dev)
+    w = case.weights[RANK].to(dev)
+    if stream is not None:
+        stream.wait_stream(torch.cuda.current_stream())  # the inputs' copies
+    expert_x, handle = interlace.moe_dispatch(x, idx, w, group, num_experts=case.experts, capacity=case.capacity,
+                                              capacity_kind=case.kind, max_tokens=case.max_tokens, handle=handle,
+                                              stream=None if stream is None else stream.cuda_stream)
+    INPUTS[id(handle)] = (x, idx, w)  # alive until the next dispatch with this handle: the kernel may not have run
+    return torch.from_dlpack(expert_x), handle
+
+
+def check_dispatch(case, handle, expert_x, row_of, counts, starts, kept):
+    """Compares the handle's tensors and the kept rows with the references; returns expert_out: the
+    experts applied to the kept rows, NaN elsewhere (poison: a row the combine should not read shows)."""
+    got_counts = torch.from_dlpack(handle.counts).cpu()
+    if not torch.equal(got_counts, counts):
+        fail(case, f"counts {got_counts.tolist()} != {counts.tolist()}")
+    got_starts = torch.from_dlpack(handle.expert_starts).cpu()
+    got_rows = torch.from_dlpack(handle.expert_rows).cpu()
+    if not (torch.equal(got_starts, starts) and torch.equal(got_rows, kept)):
+        fail(case, f"expert starts/rows {got_starts.tolist()}/{got_rows.tolist()} != {starts.tolist()}/{kept.tolist()}")
+    slots = torch.from_dlpack(handle.slots).cpu()
+    ex = expert_x.cpu()
+    expert_out = torch.full_like(ex, float("nan"))
+    L = case.local
+    for s in range(WORLD):
+        for t, j in (row_of[s] >= 0).nonzero().tolist():
+            e = int(case.idx[s][t, j])
+            if e // L != RANK:
+                continue
+            r = int(row_of[s][t, j])
+            if not torch.equal(ex[r], case.x[s][t]):
+                fail(case, f"expert_x row {r} (source {s}, token {t}, expert {e}) differs from the token")
+            got = slots[r].tolist()
+            if got[0] != t or got[1] != s | j << 16:
+                fail(case, f"slot {r}: {got} names another slot (want token {t}, rank {s}, top-k {j})")
+            w_bits = torch.tensor([float(case.weights[s][t, j])], dtype=torch.float32).view(torch.int32).item()
+            if got[3] != w_bits:
+                fail(case, f"slot {r}: weight bits {got[3]} != {w_bits}")
+            # The primary: the kept slot of the token's lowest-numbered expert on this rank.
+            here = [(int(case.idx[s][t, q]), int(row_of[s][t, q])) for q in range(case.topk)
+                    if int(case.idx[s][t, q]) >= 0 and int(case.idx[s][t, q]) // L == RANK and row_of[s][t, q] >= 0]
+            if got[2] != min(here)[1]:
+                fail(case, f"slot {r}: primary row {got[2]} != {min(here)[1]}")
+            expert_out[r] = case.expert_fn(ex[r:r + 1], e)[0]
+    return expert_out.cuda()
+
+
+def check_combine(case, out, row_of):
+    want = combine_reference(case, row_of)
+    got = out.cpu()
+    if not torch.equal(got, want):
+        bad = (got != want).nonzero()[0].tolist()
+        fail(case, f"combine: out{bad} = {got[bad[0], bad[1]].item()}, want {want[bad[0], bad[1]].item()}")
+
+
+def new_out(case):
+    return torch.full((case.tokens[RANK], case.hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+
+
+def run_case(group, case, handle=None, stream=None, check=True):
+    """Dispatch, the experts, combine, each compared with the references. Returns the handle."""
+    expert_x, handle = dispatch(group, case, handle, stream)
+    torch.cuda.synchronize()
+    if check:
+        group.check()
+    row_of, counts, starts, kept = case.layout()
+    expert_out = check_dispatch(case, handle, expert_x, row_of, counts, starts, kept)
+    out = new_out(case)
+    if stream is not None:  # the NaN fill ran on the default stream; a pool stream does not wait for it
+        stream.wait_stream(torch.cuda.current_stream())
+    interlace.moe_combine(expert_out, handle, group, out=out, stream=None if stream is None else stream.cuda_stream)
+    torch.cuda.synchronize()
+    if check:
+        group.check()
+    check_combine(case, out, row_of)
+    return handle
+
+
+def combine_reference(case, row_of):
+    """This rank's tokens: the fp32 sum over kept top-k entries in order of weight x expert output,
+    rounded once (separate multiply and add, as the kernel)."""
+    T = case.tokens[RANK]
+    acc = torch.zeros(T, case.hidden, dtype=torch.float32)
+    for j in range(case.topk):
+        for t in range(T):
+            if row_of[RANK][t, j] < 0:
+                continue
+            e = int(case.idx[RANK][t, j])
+            y = case.expert_fn(case.x[RANK][t:t + 1], e)[0].float()
+            acc[t] = acc[t] + case.weights[RANK][t, j] * y
+    return acc.to(torch.bfloat16)
+
+
+def scenario_patterns():
+    group = interlace.init(heap_bytes=2048 * MIB)
+    n = 0
+    for case in cases():
+        run_case(group, case)
+        n += 1
+    assert n >= 20
+    print(f"rank {RANK}: {n} routing patterns correct")
+
+
+def scenario_overflow():
+    """A capacity below what the routing needs: kept slots are right, dropped ones add nothing, and
+    group.check() raises once, naming moe_dispatch; the group stays usable."""
+    group = interlace.init(heap_bytes=512 * MIB)
+    for kind in ("per_expert", "per_rank"):
+        case = Case(f"overflow {kind}", 4 * WORLD, 2, 256, 96, route_zipf, capacity=lambda need: max(need // 3, 1),
+                    kind=kind, seed=40)
+        assert case.capacity < case.needed_capacity()
+        try:
+            run_case(group, case)
+        except interlace.Error as e:
+            text = str(e)
+            assert "moe_dispatch" in text and "overflowed its capacity" in text, text
+        else:
+            fail(case, "no error for a capacity overflow")
+        run_case(group, case, check=False)  # the layout and sums with drops (its check raises again)
+        expect_error(group.check, "overflowed its capacity")
+        group.check()  # reported once
+    run_case(group, Case("after overflow", 4 * WORLD, 2, 256, 64, route_random, seed=41))
+    print(f"rank {RANK}: overflows raise, drops add nothing, the group still works")
+
+
+def scenario_streams():
+    """Two streams: cases alternate between them with a handle each, reused; then both layers'
+    dispatches, then both combines, issued back to back with no sync in between (the group orders them)."""
+    group = interlace.init(heap_bytes=512 * MIB)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    a = Case("stream 1", 4 * WORLD, 2, 256, 64, route_random, seed=50)
+    b = Case("stream 2", 4 * WORLD, 2, 256, 64, route_zipf, seed=51)
+    ha = hb = None
+    for _ in range(3):
+        ha = run_case(group, a, handle=ha, stream=s1)
+        hb = run_case(group, b, handle=hb, stream=s2)
+    # The expert outputs from the first rounds (the layout does not change with the same routing).
+    layouts = {id(c): c.layout() for c in (a, b)}
+    expert_outs = {}
+    for c, h in ((a, ha), (b, hb)):
+        ex = torch.from_dlpack(h.expert_x)
+        expert_outs[id(c)] = check_dispatch(c, h, ex, *layouts[id(c)])
+    torch.cuda.synchronize()
+    outs = {id(c): new_out(c) for c in (a, b)}
+    torch.cuda.synchronize()
+    for c, h, s in ((a, ha, s1), (b, hb, s2)):
+        dispatch(group, c, h, s)
+    for c, h, s in ((a, ha, s1), (b, hb, s2)):
+        interlace.moe_combine(expert_outs[id(c)], h, group, out=outs[id(c)], stream=s.cuda_stream)
+    torch.cuda.synchronize()
+    group.check()
+    for c in (a, b):
+        check_combine(c, outs[id(c)], layouts[id(c)][0])
+    print(f"rank {RANK}: two streams back to back correct")
+
+
+def scenario_graph():
+    """Dispatch, an expert map and combine captured in one CUDA graph, replayed with new routing."""
+    group = interlace.init(heap_bytes=512 * MIB)
+    E, k, H, T = 4 * WORLD, 2, 256, 64
+    dev = torch.device("cuda")
+    x = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
+    idx = torch.empty(T, k, dtype=torch.int32, device=dev)
+    w = torch.empty(T, k, dtype=torch.float32, device=dev)
+    out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
+    capacity = interlace.moe_no_drop_capacity(WORLD, num_experts=E, topk=k, max_tokens=T)
+    handle = interlace.MoeHandle(group, num_experts=E, topk=k, hidden=H, max_tokens=T, capacity=capacity)
+    stream = torch.cuda.Stream()
+    expert_x = torch.from_dlpack(handle.expert_x)
+    expert_out = torch.empty_like(expert_x)
+
+    def layer():
+        interlace.moe_dispatch(x, idx, w, group, handle=handle, stream=stream.cuda_stream)
+        expert_out.copy_((expert_x.float() * 2.0).to(torch.bfloat16))  # one map for every expert: exact
+        interlace.moe_combine(expert_out, handle, group, out=out, stream=stream.cuda_stream)
+
+    g0 = torch.Generator().manual_seed(60)
+    idx.copy_(route_random(g0, RANK, T, E, k).int())
+    with torch.cuda.stream(stream):
+        layer()  # outside capture first: the calls' agreement
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        layer()
+    for step in range(20):
+        case = Case(f"replay {step}", E, k, H, T, route_random if step % 2 else route_zipf, capacity=lambda n: capacity,
+                    seed=100 + step)
+        x.copy_(case.x[RANK])
+        idx.copy_(case.idx[RANK].int())
+        w.copy_(case.weights[RANK])
+        out.fill_(float("nan"))
+        torch.cuda.synchronize()
+        graph.replay()
+        torch.cuda.synchronize()
+        group.check()
+        acc = torch.zeros(T, H)
+        for j in range(k):
+            acc = acc + case.weights[RANK][:, j:j + 1] * (case.x[RANK].float() * 2.0).to(torch.bfloat16).float()
+        if not torch.equal(out.cpu(), acc.to(torch.bfloat16)):
+            fail(case, "graph replay: combine differs from the reference")
+    print(f"rank {RANK}: 20 graph replays correct")
+
+
+def scenario_validation():
+    """Bad arguments raise before any GPU work, on every rank; mismatched ones across ranks are caught."""
+    group = interlace.init(heap_bytes=256 * MIB)
+    dev = torch.device("cuda")
+    E, k, H, T = 4 * WORLD, 2, 256, 32
+    x = torch.randn(T, H, device=dev).to(torch.bfloat16)
+    idx = torch.zeros(T, k, dtype=torch.int32, device=dev)
+    idx[:, 1] = 1
+    w = torch.ones(T, k, device=dev)
+    kw = dict(num_experts=E, capacity=64)
+    expect_error(lambda: interlace.moe_dispatch(x.float(), idx, w, group, **kw), "bfloat16")
+    expect_error(lambda: interlace.moe_dispatch(x[:, :250], idx, w, group, **kw), "multiple of 16")  # the handle's
+    expect_error(lambda: interlace.moe_dispatch(x[:, :128], idx, w, group, **kw), "x must be contiguous")
+    expect_error(lambda: interlace.moe_dispatch(x, idx.float(), w, group, **kw), "int32 or int64")
+    expect_error(lambda: interlace.moe_dispatch(x, idx, w.half(), group, **kw), "float32")
+    expect_error(lambda: interlace.moe_dispatch(x, idx[:-1], w, group, **kw), "topk_idx has shape")
+    expect_error(lambda: interlace.moe_dispatch(x.cpu(), idx, w, group, **kw), "cpu")
+    expect_error(lambda: interlace.moe_dispatch(x, idx, w, group, num_experts=E + 1, capacity=64), "multiple")
+    expect_error(lambda: interlace.moe_dispatch(x, idx, w, group, num_experts=E, capacity=0), "capacity")
+    expect_error(lambda: interlace.moe_dispatch(x, idx, w, group, num_experts=E, capacity=8, capacity_kind="x"),
+                 "capacity_kind")
+    _, handle = interlace.moe_dispatch(x, idx, w, group, **kw)
+    expect_error(lambda: interlace.moe_dispatch(x[:, :128].contiguous(), idx, w, group, handle=handle),
+                 "the handle was made for")
+    good_out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
+    eo = torch.zeros(handle.recv_rows, H, dtype=torch.bfloat16, device=dev)
+    expect_error(lambda: interlace.moe_combine(eo[:-1], handle, group, out=good_out), "expert_out has shape")
+    expect_error(lambda: interlace.moe_combine(eo, handle, group, out=good_out[:-1]), "out has shape")
+    # A call only one rank gets wrong: every rank raises, and the group stays usable. Rank 1 has made
+    # this very call before, so it does not wait for the others' word (OpCall::agree): it hears of
+    # rank 0's failure when its kernel skips the call, by the next check at the latest.
+    bad = x.float() if RANK == 0 else x
+
+    def dispatch_then_check():
+        interlace.moe_dispatch(bad, idx, w, group, handle=handle)
+        torch.cuda.synchronize()
+        group.check()
+
+    expect_error(dispatch_then_check, ("bfloat16", "rank 0"))
+    # Arguments that differ across ranks, each fine alone (one local expert: both kinds take the same
+    # workspace, so the handles agree and the call's signature differs). Last: it may leave the group aborted.
+    one = torch.zeros(T, 1, dtype=torch.int32, device=dev)
+    expect_error(lambda: interlace.moe_dispatch(x, one, w[:, :1].contiguous(), group, num_experts=WORLD, capacity=64,
+                                                capacity_kind="per_rank" if RANK else "per_expert"),
+                 "different op calls")
+    print(f"rank {RANK}: bad arguments rejected before GPU work")
+
+
+SCENARIOS = {
+    "patterns": scenario_patterns,
+    "overflow": scenario_overflow,
+    "streams": scenario_streams,
+    "graph": scenario_graph,
+    "validation": scenario_validation,
+}
+
+if __name__ == "__main__":
+    SCENARIOS[sys.argv[1]]()
