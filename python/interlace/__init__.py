@@ -228,7 +228,7 @@ def MoeHandle(group, *, num_experts, topk, hidden, max_tokens, capacity, capacit
     [recv_rows, hidden] bf16, counts [world, num_experts] int32, slots [recv_rows, 4] int32 (MoeSlot:
     source token, source rank | top-k position << 16, primary row, weight bits), expert_starts and
     expert_rows [num_experts / world] int32 (each local expert's rows of expert_x, the grouped GEMM's
-    M). UNVERIFIED ON A GPU."""
+    M)."""
     return _C._moe_handle(_native(group), experts=num_experts, topk=topk, hidden=hidden, max_tokens=max_tokens,
                           capacity=capacity, capacity_kind=_capacity_kind(capacity_kind))
 
@@ -258,7 +258,7 @@ def moe_dispatch(x, topk_idx, topk_weights, group, *, num_experts=None, capacity
     Nothing waits on the host: counts stay on the device. Slots past the capacity are dropped (the
     last sources' last tokens of a full expert) and never written out of bounds; group.check() then
     raises interlace.Error once, after synchronizing. Stream-ordered, graph-capturable; raises
-    interlace.Error before any GPU work on bad arguments. UNVERIFIED ON A GPU."""
+    interlace.Error before any GPU work on bad arguments."""
     if handle is None and (num_experts is None or capacity is None):
         raise Error("moe_dispatch: pass num_experts and capacity (or a handle)")
     _capacity_kind(capacity_kind)
@@ -280,7 +280,7 @@ def moe_combine(expert_out, handle, group, *, out, stream=None):
     its j-th expert, in fp32 in that order, rounded once to bf16: deterministic. Unused and dropped
     entries add nothing (a token with none gets zeros). expert_out [recv_rows, hidden] bf16 is in
     expert_x's layout; only the kept rows are read. Stream-ordered, graph-capturable; raises
-    interlace.Error before any GPU work on bad arguments. UNVERIFIED ON A GPU."""
+    interlace.Error before any GPU work on bad arguments."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: interlace.moe_combine writes into out")
     native = _native(group)

@@ -252,7 +252,7 @@ class MoeBuffers:
     """A MoE layer's interlace.MoeHandle for the torch ops (collective to make, as the handle): the
     custom ops take its integer handle, as they take group.handle. expert_x is the receive buffer
     as a torch tensor (in the heap), which moe_dispatch fills; native is the interlace.MoeHandle
-    (counts, slots, expert_starts, expert_rows). UNVERIFIED ON A GPU."""
+    (counts, slots, expert_starts, expert_rows)."""
 
     def __init__(self, group, *, num_experts, topk, hidden, max_tokens, capacity, capacity_kind="per_expert"):
         self.native = _interlace.MoeHandle(group, num_experts=num_experts, topk=topk, hidden=hidden,

@@ -3,8 +3,7 @@
 interlace.gemm_ar(a, b, out, group) computes out[M, N] = sum over ranks q of a_q @ b_q on every rank
 (K split across ranks, possibly unevenly). The inputs and the reference are gemm_rs_worker's (every
 rank recomputes every rank's inputs from (case seed, rank)); out is checked against it, bit for bit
-between two runs, and bit for bit between ranks (all_gather of out). Written before the kernel ever
-ran on a GPU."""
+between two runs, and bit for bit between ranks (all_gather of out)."""
 import os
 import sys
 

@@ -1,5 +1,4 @@
 // moe_dispatch and moe_combine over NVLink, unfused: the kernels that execute ops/moe/plan.h.
-// UNVERIFIED ON A GPU: written and compiled without one.
 //
 // Each kernel's CTAs work in phases; a phase that needs every CTA's writes of the one before waits
 // at a grid barrier (MoeFlags::barrier, one word per CTA, raised to op number x kMoePhases + phase),

@@ -1,6 +1,6 @@
 // Expert-parallel MoE over NVLink, unfused: moe_dispatch sends each token's row to the ranks of its
 // top-k experts (once per rank), moe_combine brings the experts' outputs home and sums them there.
-// The layout, overflow and combine rules are ops/moe/plan.h's. UNVERIFIED ON A GPU.
+// The layout, overflow and combine rules are ops/moe/plan.h's.
 //
 //   MoeHandle handle(group, shape);                       // once per shape: symmetric workspace
 //   moe_dispatch(group, handle, x, topk_idx, topk_weights, stream);
