@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -255,6 +256,33 @@ TEST(Watchdog, CancelReasonsAreKeptPerCallAndNotTakenBeforeTheirCall) {
                     r.watchdog->take_earliest_cancel_reason(2, &call).empty();
     const std::string third = r.watchdog->take_earliest_cancel_reason(3, &call);
     return ok && third.find("third reason") != std::string::npos && call == 3;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+TEST(Watchdog, ACancelTheWaiterRaisedForIsNotReportedAgain) {
+  auto codes = run(2, 30, [](Rank& r) {
+    // Rank 0's checks fail, rank 1 waits on a new signature, at nearly the same moment: rank 0 may
+    // answer rank 1 twice (its broadcast, then the reply to a late waiter). Rank 1 raises for the
+    // call from the verdict; nothing may be left for a later check().
+    bool ok = true;
+    for (uint64_t call = 1; call <= 200; ++call) {
+      r.bootstrap.barrier();
+      const int skew_us = static_cast<int>(call % 21) * 10 - 100;  // -100..100 us, rank 1 before or after
+      if ((r.rank == 0) == (skew_us > 0)) std::this_thread::sleep_for(std::chrono::microseconds(std::abs(skew_us)));
+      const Verdict v = r.watchdog->vote(call, r.rank == 0 ? "bad rows" : "op", r.rank == 0, r.rank == 1);
+      if (r.rank == 1) {
+        ok = ok && v.kind == Verdict::kCancelled;
+        r.watchdog->take_cancel_reason(call);  // as OpCall::agree does for a cancelled call
+      }
+    }
+    r.bootstrap.barrier();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    uint64_t call = 0;
+    const std::string stale = r.watchdog->take_earliest_cancel_reason(200, &call);
+    if (!stale.empty()) fprintf(stderr, "rank %d: call #%llu reported again: %s\n", r.rank,
+                                static_cast<unsigned long long>(call), stale.c_str());
+    return ok && stale.empty();
   });
   EXPECT_EQ(codes, (std::vector<int>{0, 0}));
 }

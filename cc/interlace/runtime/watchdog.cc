@@ -190,6 +190,14 @@ Verdict Watchdog::vote(uint64_t call, const std::string& text, bool failed, bool
   if (it == verdicts_.end()) return {Verdict::kAborted, abort_reason_};
   Verdict v = std::move(it->second);
   verdicts_.erase(it);
+  if (v.kind == Verdict::kCancelled) {
+    // This rank raises for the call itself. Rank 0 can answer it twice (its broadcast when a failed
+    // vote came, and count_vote's reply to a late waiter): a copy arriving after this wait must not
+    // become a cancel reason that check() or a later launch() reports again.
+    cancel_reasons_.erase(call);
+    failed_here_.insert(call);
+    while (failed_here_.size() > 64) failed_here_.erase(failed_here_.begin());
+  }
   return v;
 }
 

@@ -122,7 +122,7 @@ class Watchdog {
   std::string abort_reason_;
   bool abort_spread_ = false;
   std::map<uint64_t, std::string> cancel_reasons_;  // by call, for calls this rank's kernel skipped
-  std::set<uint64_t> failed_here_;                  // recent calls whose checks failed on this rank
+  std::set<uint64_t> failed_here_;                  // recent calls this rank raised for (checks failed, or cancelled)
   bool stopping_ = false;
   std::thread thread_;
 };
