@@ -1,0 +1,245 @@
+"""MoE dispatch and combine benchmark, one rank. Started by `python -m interlace.bench moe`.
+
+Configs per rank (issue 12): DeepSeek-V3-like (4096 tokens, hidden 7168, 256 experts, top-8) and
+Mixtral-like (4096 tokens, hidden 4096, 8 experts, top-2), and the decode size of each (128 tokens).
+Routing is random (k distinct experts per token); the capacity is the routing's own need, so nothing
+is dropped. Each config is checked first: interlace's expert rows against the baseline's, bit for
+bit, and its combine against the baseline's (relative error). Then, in the same run, interleaved
+(CUDA events, the slower rank's median):
+  dispatch, combine           interlace.moe_dispatch / moe_combine (handle reused: no allocation);
+  baseline_dispatch/_combine  the host-driven pipeline: exchange counts (all_to_all), sync for the
+                              splits, NCCL all_to_all_single of the (token, expert) rows, permute to
+                              per-expert order; the way back, then the weighted sum in fp32;
+  nccl_all_to_all             all_to_all_single alone on the baseline's rows and splits: the
+                              transport the dispatch is measured against (token bytes per second);
+and at decode sizes, per call under CUDA-graph replay: interlace's two ops, and the baseline
+padded to the capacity (no host sync, so it can be captured; the usual capturable form).
+The expert stand-in is the identity: the fused grouped GEMMs are not built, so the issue's bars on
+dispatch+GEMM1 and GEMM2+combine cannot be measured yet; the rows hold what can."""
+
+import torch
+import torch.distributed as dist
+from absl import app, flags
+
+import interlace
+from interlace.bench import common
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("out_dir", "bench/results", "where the JSON goes")
+flags.DEFINE_list("sizes", [], "configs to run (default: all): deepseek, mixtral, deepseek_decode, mixtral_decode")
+flags.DEFINE_integer("warmup", 5, "untimed calls per method first")
+flags.DEFINE_integer("iters", 40, "timed calls per method")
+flags.DEFINE_list("tunings", [], "unused (no moe tunings yet)")
+flags.DEFINE_string("command", "", "the command line, recorded in the JSON")
+
+# name -> (tokens per rank, hidden, experts, top-k)
+CONFIGS = {"deepseek": (4096, 7168, 256, 8), "mixtral": (4096, 4096, 8, 2),
+           "deepseek_decode": (128, 7168, 256, 8), "mixtral_decode": (128, 4096, 8, 2)}
+CALLS_PER_GRAPH = 8
+
+
+def routing(rank, tokens, experts, topk, seed, device="cuda"):
+    """Rank `rank`'s top-k experts per token (distinct, uniformly random) and their weights,
+    reproducible on any rank."""
+    g = torch.Generator(device=device).manual_seed(seed * 1009 + rank)
+    idx = torch.rand(tokens, experts, generator=g, device=device).argsort(dim=1)[:, :topk].to(torch.int32)
+    weights = torch.rand(tokens, topk, generator=g, device=device)
+    return idx.contiguous(), weights
+
+
+class Baseline:
+    """The host-driven pipeline, for one routing: dispatch() and combine(expert_out) as a framework
+    MoE layer does them, plus the padded (capturable) form for decode."""
+
+    def __init__(self, idx, weights, experts, world, capacity):
+        self.T, self.k = idx.shape
+        self.E, self.W, self.L, self.C = experts, world, experts // world, capacity
+        self.idx, self.weights = idx.long(), weights
+        flat = self.idx.view(-1)
+        self.order = torch.argsort(flat, stable=True)  # (token, j) pairs by expert: destination, then token
+        self.tok = self.order // self.k
+        self.sent_per_expert = torch.bincount(flat, minlength=self.E)
+        # Padded form: pair p goes to slot (expert, position within the expert) of a [E, C] grid.
+        sorted_e = flat[self.order]
+        first = torch.cumsum(self.sent_per_expert, 0) - self.sent_per_expert
+        self.pad_slot = sorted_e * self.C + (torch.arange(flat.numel(), device=flat.device) - first[sorted_e])
+
+    def exchange_counts(self):
+        recv = torch.empty_like(self.sent_per_expert)
+        dist.all_to_all_single(recv, self.sent_per_expert)  # [source, local expert]
+        return recv.view(self.W, self.L)
+
+    def dispatch(self, x):
+        recv_counts = self.exchange_counts()
+        send_splits = self.sent_per_expert.view(self.W, self.L).sum(1).tolist()  # the host sync
+        recv_splits = recv_counts.sum(1).tolist()
+        recv = x.new_empty(sum(recv_splits), x.shape[1])
+        dist.all_to_all_single(recv, x[self.tok], recv_splits, send_splits)
+        # recv is [source][local expert][token]: stable-sort by local expert
+        expert_of_row = torch.arange(self.L, device=x.device).repeat(self.W).repeat_interleave(recv_counts.view(-1))
+        perm = torch.argsort(expert_of_row, stable=True)
+        self.saved = (send_splits, recv_splits, perm, recv_counts)
+        return recv[perm]
+
+    def combine(self, expert_out):
+        send_splits, recv_splits, perm, _ = self.saved
+        back = torch.empty_like(expert_out)
+        back[perm] = expert_out
+        home = expert_out.new_empty(self.T * self.k, expert_out.shape[1])
+        dist.all_to_all_single(home, back, send_splits, recv_splits)
+        pairs = torch.empty_like(home)
+        pairs[self.order] = home
+        return self.weighted_sum(pairs)
+
+    def weighted_sum(self, pairs):
+        y = pairs.view(self.T, self.k, -1).float()
+        acc = y[:, 0] * self.weights[:, :1]
+        for j in range(1, self.k):  # in top-k order, as interlace sums
+            acc = acc + y[:, j] * self.weights[:, j:j + 1]
+        return acc.to(torch.bfloat16)
+
+    def padded_dispatch(self, x, send, recv):
+        send.view(self.E * self.C, -1)[self.pad_slot] = x[self.tok]
+        dist.all_to_all_single(recv, send)  # [source, local expert, C, hidden]
+        return recv
+
+    def padded_combine(self, expert_out_padded, back):
+        dist.all_to_all_single(back, expert_out_padded)  # [expert of this rank's pairs, C, hidden]
+        pairs = torch.empty(self.T * self.k, back.shape[-1], dtype=back.dtype, device=back.device)
+        pairs[self.order] = back.view(self.E * self.C, -1)[self.pad_slot]
+        return self.weighted_sum(pairs)
+
+
+def expert_rows_of(handle, expert_x):
+    """interlace's kept rows, local expert by local expert (its layout leaves gaps of capacity)."""
+    starts = torch.from_dlpack(handle.expert_starts).tolist()
+    rows = torch.from_dlpack(handle.expert_rows).tolist()
+    return torch.cat([expert_x[s:s + n] for s, n in zip(starts, rows)])
+
+
+def run_config(name, group, rank, world):
+    tokens, hidden, experts, topk = CONFIGS[name]
+    g = torch.Generator(device="cuda").manual_seed(7 + rank)
+    x = torch.randn(tokens, hidden, generator=g, device="cuda").to(torch.bfloat16)
+    idx, weights = routing(rank, tokens, experts, topk, seed=len(name))
+    # The capacity this routing needs per expert (every rank's counts), so nothing is dropped.
+    counts = torch.bincount(idx.view(-1).long(), minlength=experts)
+    dist.all_reduce(counts)
+    capacity = int(counts.max())
+    base = Baseline(idx, weights, experts, world, capacity)
+    handle = interlace.MoeHandle(group, num_experts=experts, topk=topk, hidden=hidden, max_tokens=tokens,
+                                 capacity=capacity)
+
+    # Correctness: expert rows bit for bit, then the combine of the identity expert.
+    expert_x = torch.from_dlpack(interlace.moe_dispatch(x, idx, weights, group, handle=handle)[0])
+    want_rows = base.dispatch(x)
+    torch.cuda.synchronize()
+    group.check()
+    got_rows = expert_rows_of(handle, expert_x)
+    if not torch.equal(got_rows, want_rows):
+        raise SystemExit(f"rank {rank}: {name}: moe_dispatch's expert rows differ from the baseline's "
+                         f"({got_rows.shape[0]} rows against {want_rows.shape[0]})")
+    out = torch.full_like(x, float("nan"))
+    interlace.moe_combine(expert_x, handle, group, out=out)
+    want = base.combine(want_rows)
+    torch.cuda.synchronize()
+    group.check()
+    err = common.relative_error(out, want)
+    if not err < 1e-2:
+        raise SystemExit(f"rank {rank}: {name}: moe_combine's relative error against the baseline is {err}")
+
+    methods = {
+        "dispatch": lambda: interlace.moe_dispatch(x, idx, weights, group, handle=handle),
+        "combine": lambda: interlace.moe_combine(expert_x, handle, group, out=out),
+        "baseline_dispatch": lambda: base.dispatch(x),
+        "baseline_combine": lambda: base.combine(want_rows),
+    }
+    send_splits, recv_splits = base.saved[0], base.saved[1]
+    a2a_out = x.new_empty(sum(recv_splits), hidden)
+    a2a_in = x[base.tok]
+    methods["nccl_all_to_all"] = lambda: dist.all_to_all_single(a2a_out, a2a_in, recv_splits, send_splits)
+    graphed, skipped = set(), {}
+    if tokens <= 128:
+        send = x.new_zeros(experts, capacity, hidden)
+        recv = torch.empty_like(send)
+        back = torch.empty_like(send)
+        padded = {"baseline_padded_dispatch_graph": lambda: base.padded_dispatch(x, send, recv),
+                  "baseline_padded_combine_graph": lambda: base.padded_combine(recv, back),
+                  "dispatch_graph": methods["dispatch"], "combine_graph": methods["combine"]}
+        for label, fn in padded.items():
+            replay, why = common.agreed(lambda fn=fn: common.graph_of(fn, CALLS_PER_GRAPH), label)
+            if replay is None:  # recorded; the other methods still run
+                skipped[label] = why
+                continue
+            methods[label] = replay
+            graphed.add(label)
+    ms = common.time_collective(methods, FLAGS.warmup, FLAGS.iters)
+    group.check()
+    us = {label: t * 1e3 / (CALLS_PER_GRAPH if label in graphed else 1) for label, t in ms.items()}
+    # Token bytes: the (token, expert) rows the layer delivers, summed over ranks.
+    pair_bytes = torch.tensor([tokens * topk * hidden * 2], device="cuda", dtype=torch.float64)
+    dist.all_reduce(pair_bytes)
+    return {"config": name, "tokens": tokens, "hidden": hidden, "experts": experts, "topk": topk,
+            "capacity": capacity, "combine_rel_error": err, "us": us, "skipped": skipped,
+            "token_gbs": {label: pair_bytes.item() / world / (us[label] * 1e-6) / 1e9
+                          for label in ("dispatch", "nccl_all_to_all")}}
+
+
+def plot(path, rows, env, world):
+    """Per config, microseconds of each method, interlace's beside the baseline's."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(rows), figsize=(4.5 * len(rows), 4.8), squeeze=False)
+    for ax, r in zip(axes[0], rows):
+        labels = list(r["us"])
+        ax.barh(labels, [r["us"][label] for label in labels],
+                color=["tab:blue" if not label.startswith(("baseline", "nccl")) else "tab:gray" for label in labels])
+        ax.set_xlabel("us per call")
+        ax.set_title(f"{r['config']} ({r['tokens']} tokens/rank)", fontsize=9)
+        ax.tick_params(axis="y", labelsize=7)
+    fig.suptitle(f"moe dispatch / combine, {world} x {env['gpu']}, {env['date'][:10]}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def ratio(us, baseline, ours):
+    return us[baseline] / us[ours] if baseline in us and ours in us else float("nan")
+
+
+def main(_):
+    rank, world = common.init_rank()
+    names = FLAGS.sizes or list(CONFIGS)
+    for name in names:
+        if name not in CONFIGS:
+            raise SystemExit(f"moe: unknown config {name!r}; one of {', '.join(CONFIGS)}")
+    group = interlace.init(heap_bytes=6 << 30, timeout_s=30.0)
+    common.warm_up_gpu()
+    rows = []
+    for name in names:
+        rows.append(run_config(name, group, rank, world))
+        if rank == 0:
+            print(name, {k: round(v, 1) for k, v in rows[-1]["us"].items()}, rows[-1]["skipped"] or "", flush=True)
+    if rank == 0:
+        env = common.environment(FLAGS.command)
+        path = common.write_results(FLAGS.out_dir, f"moe_{world}x{env['gpu'].replace(' ', '_')}",
+                                    {"op": "moe", "env": env, "rows": rows}, lambda p: plot(p, rows, env, world))
+        print(f"wrote {path}")
+        print("us per call; speedup = baseline / interlace (bars: dispatch and combine halves with their GEMMs "
+              "1.3x; dispatch's token bytes/s 1.3x NCCL all_to_all's; decode under graphs 2x)")
+        print(f"{'config':>16} {'dispatch':>9} {'base':>9} {'x':>5} {'combine':>9} {'base':>9} {'x':>5} "
+              f"{'a2a':>9} {'GB/s ours':>9} {'GB/s a2a':>9} {'graph d x':>9} {'graph c x':>9}")
+        for r in rows:
+            us = r["us"]
+            print(f"{r['config']:>16} {us['dispatch']:9.1f} {us['baseline_dispatch']:9.1f} "
+                  f"{ratio(us, 'baseline_dispatch', 'dispatch'):5.2f} {us['combine']:9.1f} "
+                  f"{us['baseline_combine']:9.1f} {ratio(us, 'baseline_combine', 'combine'):5.2f} "
+                  f"{us['nccl_all_to_all']:9.1f} {r['token_gbs']['dispatch']:9.1f} "
+                  f"{r['token_gbs']['nccl_all_to_all']:9.1f} "
+                  f"{ratio(us, 'baseline_padded_dispatch_graph', 'dispatch_graph'):9.2f} "
+                  f"{ratio(us, 'baseline_padded_combine_graph', 'combine_graph'):9.2f}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    app.run(main)
