@@ -135,14 +135,18 @@ __device__ __forceinline__ void warp_copy(char* dst, const char* src, int64_t by
 }
 
 // Calls fn(row) for every kept receive row of this rank's local experts, one warp per row over the
-// whole grid (all lanes call fn with the same row).
+// whole grid (all lanes call fn with the same row). Rows are dealt to warps in one sequence over all
+// experts, not afresh per expert: with many experts of few rows each, starting every expert at warp
+// 0 left the copies to the first CTA (a decode combine ran 50x slower).
 template <class Fn>
 __device__ __forceinline__ void for_kept_rows(const MoeCommonParams& c, Fn fn) {
   const int32_t warp = blockIdx.x * kMoeWarps + threadIdx.x / 32;
   const int32_t warps = gridDim.x * kMoeWarps;
+  int32_t before = 0;  // kept rows of the experts before l, mod warps: where expert l's first row is dealt
   for (int32_t l = 0; l < c.plan.experts_per_rank; ++l) {
     const int32_t start = c.expert_start[l], rows = c.expert_rows[l];
-    for (int32_t i = warp; i < rows; i += warps) fn(start + i);
+    for (int32_t i = (warp - before + warps) % warps; i < rows; i += warps) fn(start + i);
+    before = (before + rows) % warps;
   }
 }
 
