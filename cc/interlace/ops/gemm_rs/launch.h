@@ -20,8 +20,8 @@ struct GemmRsTuning {
   // (gemm_ar: always 32). Given, it forces that many reducers (to time one path against the other).
   int reduce_ctas = 0;
   // gemm_rs, blocks on the 256-row grid: cluster-tile rows per owner per round of the tile order
-  // (GemmRsOrder::make_rounds), spreading the pushes over the whole GEMM; 0: each owner's block whole
-  // (peers' blocks first, the own last). Unmeasured: for the benchmark to compare.
+  // (GemmRsOrder::make_rounds), spreading the pushes over the whole GEMM; 0: automatic (the thinnest
+  // that fit; off the grid, each owner's block whole, peers' first); a whole block or more: whole blocks.
   int round_m = 0;
 };
 
