@@ -1,6 +1,7 @@
 """One rank of the torch.library ops on GPUs (see test_torch_ops_gpu.py): all_gather, gemm, ag_gemm,
-gemm_rs, gemm_ar, reduce_scatter and all_reduce, eager, compiled with fullgraph=True, and compiled
-with mode="reduce-overhead" (CUDA graphs), each against a reference."""
+gemm_rs, gemm_ar, reduce_scatter, all_reduce and a MoE layer (moe_dispatch, moe_combine), eager,
+compiled with fullgraph=True, and compiled with mode="reduce-overhead" (CUDA graphs), each against a
+reference."""
 import os
 import sys
 
@@ -105,6 +106,22 @@ def main(mode):
             assert torch.equal(reduced, want), f"rank {RANK}: {mode} all_reduce step {step}"
             assert torch.equal(scattered, want[RANK * 4:(RANK + 1) * 4]), \
                 f"rank {RANK}: {mode} reduce_scatter step {step}"
+    # A MoE layer: dispatch, a stand-in expert (x 2, exact in bf16), combine. Routing changes every
+    # step; the buffers stay put, so graphs replay with it.
+    moe = itorch.MoeBuffers(group, num_experts=4 * WORLD, topk=2, hidden=256, max_tokens=64, capacity=64 * WORLD)
+    moe_layer = compiled(lambda x, idx, w: itorch.moe_combine(itorch.moe_dispatch(x, idx, w, moe) * 2, moe,
+                                                              tokens=x.shape[0]))
+    for step in range(3):
+        g = torch.Generator(device="cuda").manual_seed(80 + step + 1000 * RANK)
+        x = torch.randn(64, 256, generator=g, device="cuda").to(torch.bfloat16)
+        idx = torch.rand(64, 4 * WORLD, generator=g, device="cuda").argsort(dim=1)[:, :2].to(torch.int32)
+        w = torch.rand(64, 2, generator=g, device="cuda")
+        y = moe_layer(x, idx, w)
+        torch.cuda.synchronize()
+        group.check()
+        twice = (x.float() * 2).to(torch.bfloat16).float()  # each token's experts all return 2x
+        want = (w[:, :1] * twice + w[:, 1:] * twice).to(torch.bfloat16)  # fp32, top-k order, rounded once
+        assert torch.equal(y, want), f"rank {RANK}: {mode} moe step {step}: {(y.float() - want.float()).abs().max()}"
     buf = torch.full((WORLD * 129, 256), float("nan"), device="cuda", dtype=torch.bfloat16)
     itorch.all_gather(shard(RANK, 129, 9), group, out=buf)
     torch.cuda.synchronize()

@@ -94,11 +94,15 @@ __device__ __forceinline__ void arrive(MoeFlags& f, uint64_t n, uint64_t phase) 
   }
 }
 
+// Waits poll with the first warp only: every CTA waits at once, and a poller per thread of every
+// CTA would take L2 bandwidth from the CTAs still copying.
+constexpr int kMoePollers = 32;
+
 // All threads: waits until every CTA of this kernel has arrived at `phase`. False if a wait failed
 // (the group is aborted; the host raises).
 __device__ __forceinline__ bool await_all(MoeFlags& f, uint64_t n, uint64_t phase, const device::WaitContext& ctx,
                                           int* failed) {
-  for (uint32_t b = threadIdx.x; b < gridDim.x; b += blockDim.x) {
+  for (uint32_t b = threadIdx.x; threadIdx.x < kMoePollers && b < gridDim.x; b += kMoePollers) {
     if (device::wait_until<false>(&f.barrier[b], n * kMoePhases + phase, ctx, FlagId::kBarrier, -1) == 0) *failed = 1;
   }
   __syncthreads();
@@ -110,7 +114,7 @@ __device__ __forceinline__ bool await_all(MoeFlags& f, uint64_t n, uint64_t phas
 template <class PeerOf>
 __device__ __forceinline__ bool await_flags(const MoeCommonParams& c, MoeFlags& f, int32_t first, int32_t count,
                                             uint64_t n, FlagId id, PeerOf peer_of, int* failed) {
-  for (int32_t i = threadIdx.x; i < count; i += blockDim.x) {
+  for (int32_t i = threadIdx.x; threadIdx.x < kMoePollers && i < count; i += kMoePollers) {
     if (c.transport.wait(&f.plan[first + i], n, c.wait, id, peer_of(i)) == 0) *failed = 1;
   }
   __syncthreads();
