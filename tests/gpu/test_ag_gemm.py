@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from interlace.bench.launch import expect_ranks_passed, run_ranks
+from interlace.bench.launch import run_scenario
 
 WORKER = os.path.join(os.path.dirname(__file__), "ag_gemm_worker.py")
 WORLD = 2
@@ -21,9 +21,7 @@ pytestmark = pytest.mark.gpus(WORLD)
 
 
 def run(scenario, timeout_s=150):
-    results = run_ranks([WORKER, scenario], WORLD, timeout_s)
-    expect_ranks_passed(results)
-    return results
+    return run_scenario(WORKER, scenario, WORLD, timeout_s)
 
 
 def test_uneven_shards_shapes_dtypes_layouts_and_tiles():

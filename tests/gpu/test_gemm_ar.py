@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from interlace.bench.launch import expect_ranks_passed, run_ranks
+from interlace.bench.launch import run_scenario
 
 WORKER = os.path.join(os.path.dirname(__file__), "gemm_ar_worker.py")
 WORLD = 2
@@ -17,9 +17,7 @@ pytestmark = pytest.mark.gpus(WORLD)
 
 
 def run(scenario, timeout_s=150):
-    results = run_ranks([WORKER, scenario], WORLD, timeout_s)
-    expect_ranks_passed(results)
-    return results
+    return run_scenario(WORKER, scenario, WORLD, timeout_s)
 
 
 def test_shapes_dtypes_layouts_tiles_and_equal_ranks():

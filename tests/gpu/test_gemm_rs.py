@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from interlace.bench.launch import expect_ranks_passed, run_ranks
+from interlace.bench.launch import run_scenario
 
 WORKER = os.path.join(os.path.dirname(__file__), "gemm_rs_worker.py")
 WORLD = 2
@@ -22,9 +22,7 @@ pytestmark = pytest.mark.gpus(WORLD)
 
 
 def run(scenario, timeout_s=150):
-    results = run_ranks([WORKER, scenario], WORLD, timeout_s)
-    expect_ranks_passed(results)
-    return results
+    return run_scenario(WORKER, scenario, WORLD, timeout_s)
 
 
 def test_uneven_blocks_shapes_dtypes_layouts_and_tiles():

@@ -5,21 +5,14 @@ import os
 
 import pytest
 
-from interlace.bench.launch import expect_ranks_passed, run_ranks
+from interlace.bench.launch import run_scenario
 
 WORKER = os.path.join(os.path.dirname(__file__), "reduce_worker.py")
 pytestmark = pytest.mark.gpus(2)
 
 
-def world_size():
-    import torch
-    return torch.cuda.device_count()
-
-
 def run(scenario, timeout_s=600):
-    results = run_ranks([WORKER, scenario], world_size(), timeout_s)
-    expect_ranks_passed(results)
-    return results
+    return run_scenario(WORKER, scenario, timeout_s=timeout_s)
 
 
 def test_sizes_dtypes_algorithms_against_references():

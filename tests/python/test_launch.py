@@ -4,7 +4,9 @@ import os
 import sys
 import time
 
-from interlace.bench.launch import run_ranks
+import pytest
+
+from interlace.bench.launch import run_ranks, run_scenario
 
 # Rank 1 prints ~10 MB, far more than a pipe holds, then creates `flag`; rank 0 waits for the flag.
 CHATTY = """
@@ -65,3 +67,20 @@ def test_ranks_see_the_launcher_environment(tmp_path):
     show = "import os; print(os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['NCCL_NVLS_ENABLE'], os.environ['EXTRA'])"
     results = run_ranks([script(tmp_path, show)], 3, timeout_s=60, extra_env={"EXTRA": "yes"})
     assert results == [(0, f"{r} 3 0 yes\n") for r in range(3)]
+
+
+SCENARIO = """
+import os, sys
+print("rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], "ran", sys.argv[1], flush=True)
+sys.exit(1 if sys.argv[1] == "fail_on_1" and os.environ["RANK"] == "1" else 0)
+"""
+
+
+def test_run_scenario_returns_every_rank_or_raises_with_every_rank_output(tmp_path):
+    worker = script(tmp_path, SCENARIO)
+    results = run_scenario(worker, "fine", 3, timeout_s=60)
+    assert [rc for rc, _ in results] == [0, 0, 0]
+    assert "rank 2 of 3 ran fine" in results[2][1]
+    with pytest.raises(AssertionError) as failed:
+        run_scenario(worker, "fail_on_1", 2, timeout_s=60)
+    assert "rank 0 of 2 ran fail_on_1" in str(failed.value) and "rank 1 exit 1" in str(failed.value)

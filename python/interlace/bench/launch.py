@@ -87,3 +87,14 @@ def expect_error(fn, *needles, errors=None) -> str:
             assert any(a in text for a in alternatives), f"rank {rank}: the error lacks {needle!r}: {text}"
         return text
     raise AssertionError(f"rank {rank}: no error; expected one mentioning {needles}")
+
+
+def run_scenario(worker, scenario, world_size=None, timeout_s=600):
+    """For GPU tests: `python worker scenario` on world_size ranks (default: every visible GPU); raises
+    with every rank's output unless all of them exit 0, else returns run_ranks' results."""
+    if world_size is None:
+        import torch  # here: launching ranks needs no torch otherwise
+        world_size = torch.cuda.device_count()
+    results = run_ranks([worker, scenario], world_size, timeout_s)
+    expect_ranks_passed(results)
+    return results
