@@ -7,7 +7,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
-absl = pytest.importorskip("absl")
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +20,7 @@ def gloo():
 
 @pytest.mark.parametrize("tokens,hidden,experts,topk", [(64, 16, 8, 2), (33, 8, 16, 4), (5, 24, 4, 4)])
 def test_baseline_dispatch_and_combine_are_the_moe_layer(gloo, tokens, hidden, experts, topk):
-    from interlace.bench.moe import Baseline, routing
+    from interlace.bench.moe_baseline import Baseline, routing
     idx, weights = routing(0, tokens, experts, topk, seed=3, device="cpu")
     x = torch.randn(tokens, hidden).to(torch.bfloat16)
     capacity = int(torch.bincount(idx.view(-1).long(), minlength=experts).max())

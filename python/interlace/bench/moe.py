@@ -23,6 +23,7 @@ from absl import app, flags
 
 import interlace
 from interlace.bench import common
+from interlace.bench.moe_baseline import Baseline, routing
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out_dir", "bench/results", "where the JSON goes")
@@ -36,78 +37,6 @@ flags.DEFINE_string("command", "", "the command line, recorded in the JSON")
 CONFIGS = {"deepseek": (4096, 7168, 256, 8), "mixtral": (4096, 4096, 8, 2),
            "deepseek_decode": (128, 7168, 256, 8), "mixtral_decode": (128, 4096, 8, 2)}
 CALLS_PER_GRAPH = 8
-
-
-def routing(rank, tokens, experts, topk, seed, device="cuda"):
-    """Rank `rank`'s top-k experts per token (distinct, uniformly random) and their weights,
-    reproducible on any rank."""
-    g = torch.Generator(device=device).manual_seed(seed * 1009 + rank)
-    idx = torch.rand(tokens, experts, generator=g, device=device).argsort(dim=1)[:, :topk].to(torch.int32)
-    weights = torch.rand(tokens, topk, generator=g, device=device)
-    return idx.contiguous(), weights
-
-
-class Baseline:
-    """The host-driven pipeline, for one routing: dispatch() and combine(expert_out) as a framework
-    MoE layer does them, plus the padded (capturable) form for decode."""
-
-    def __init__(self, idx, weights, experts, world, capacity):
-        self.T, self.k = idx.shape
-        self.E, self.W, self.L, self.C = experts, world, experts // world, capacity
-        self.idx, self.weights = idx.long(), weights
-        flat = self.idx.view(-1)
-        self.order = torch.argsort(flat, stable=True)  # (token, j) pairs by expert: destination, then token
-        self.tok = self.order // self.k
-        self.sent_per_expert = torch.bincount(flat, minlength=self.E)
-        # Padded form: pair p goes to slot (expert, position within the expert) of a [E, C] grid.
-        sorted_e = flat[self.order]
-        first = torch.cumsum(self.sent_per_expert, 0) - self.sent_per_expert
-        self.pad_slot = sorted_e * self.C + (torch.arange(flat.numel(), device=flat.device) - first[sorted_e])
-
-    def exchange_counts(self):
-        recv = torch.empty_like(self.sent_per_expert)
-        dist.all_to_all_single(recv, self.sent_per_expert)  # [source, local expert]
-        return recv.view(self.W, self.L)
-
-    def dispatch(self, x):
-        recv_counts = self.exchange_counts()
-        send_splits = self.sent_per_expert.view(self.W, self.L).sum(1).tolist()  # the host sync
-        recv_splits = recv_counts.sum(1).tolist()
-        recv = x.new_empty(sum(recv_splits), x.shape[1])
-        dist.all_to_all_single(recv, x[self.tok], recv_splits, send_splits)
-        # recv is [source][local expert][token]: stable-sort by local expert
-        expert_of_row = torch.arange(self.L, device=x.device).repeat(self.W).repeat_interleave(recv_counts.view(-1))
-        perm = torch.argsort(expert_of_row, stable=True)
-        self.saved = (send_splits, recv_splits, perm, recv_counts)
-        return recv[perm]
-
-    def combine(self, expert_out):
-        send_splits, recv_splits, perm, _ = self.saved
-        back = torch.empty_like(expert_out)
-        back[perm] = expert_out
-        home = expert_out.new_empty(self.T * self.k, expert_out.shape[1])
-        dist.all_to_all_single(home, back, send_splits, recv_splits)
-        pairs = torch.empty_like(home)
-        pairs[self.order] = home
-        return self.weighted_sum(pairs)
-
-    def weighted_sum(self, pairs):
-        y = pairs.view(self.T, self.k, -1).float()
-        acc = y[:, 0] * self.weights[:, :1]
-        for j in range(1, self.k):  # in top-k order, as interlace sums
-            acc = acc + y[:, j] * self.weights[:, j:j + 1]
-        return acc.to(torch.bfloat16)
-
-    def padded_dispatch(self, x, send, recv):
-        send.view(self.E * self.C, -1)[self.pad_slot] = x[self.tok]
-        dist.all_to_all_single(recv, send)  # [source, local expert, C, hidden]
-        return recv
-
-    def padded_combine(self, expert_out_padded, back):
-        dist.all_to_all_single(back, expert_out_padded)  # [expert of this rank's pairs, C, hidden]
-        pairs = torch.empty(self.T * self.k, back.shape[-1], dtype=back.dtype, device=back.device)
-        pairs[self.order] = back.view(self.E * self.C, -1)[self.pad_slot]
-        return self.weighted_sum(pairs)
 
 
 def expert_rows_of(handle, expert_x):
