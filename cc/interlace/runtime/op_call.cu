@@ -124,15 +124,26 @@ void OpCall::issue(const std::function<void(cudaStream_t)>& kernel) {
   group_.last_issued_.store(call_ << 8 | static_cast<uint64_t>(op_));
 }
 
-void OpCall::cancel_on_device() {
-  if (group_.topology().local_size() == 1) return;
-  device::NvlinkTransport t{};
+device::NvlinkTransport OpCall::nvlink() const {
   const Topology& topo = group_.topology();
+  device::NvlinkTransport t{};
   for (int q = 0; q < topo.local_size(); ++q) t.heaps[q] = group_.heap().base(q);
   t.local_rank = topo.local_rank;
   t.local_size = topo.local_size();
-  device::WaitContext ctx{group_.rank(), OpId::kCancel, group_.heap().pad(topo.local_rank), group_.device_control(),
-                          group_.timeout_ns()};
+  return t;
+}
+
+device::WaitContext OpCall::wait_context() const {
+  const Topology& topo = group_.topology();
+  return device::WaitContext{topo.rank, op_, group_.heap().pad(topo.local_rank), group_.device_control(),
+                             group_.timeout_ns()};
+}
+
+void OpCall::cancel_on_device() {
+  if (group_.topology().local_size() == 1) return;
+  const device::NvlinkTransport t = nvlink();
+  device::WaitContext ctx = wait_context();
+  ctx.op = OpId::kCancel;
   try {
     try {
       issue([&](cudaStream_t s) { cancel_kernel<<<1, 128, 0, s>>>(t, ctx); });

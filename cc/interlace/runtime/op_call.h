@@ -25,7 +25,9 @@
 #include <string>
 
 #include "interlace/base/cuda.h"
+#include "interlace/device/signal.cuh"
 #include "interlace/device/signal_pad.h"
+#include "interlace/device/transport.cuh"
 #include "interlace/runtime/group.h"
 
 namespace interlace {
@@ -43,6 +45,10 @@ class OpCall {
   void launch(const std::function<void(cudaStream_t)>& kernel);
   // Whether the call's stream is being captured into a CUDA graph (known once agree's checks ran).
   bool capturing() const { return capturing_; }
+  // What every op kernel is given to reach its node's peers and to wait on them: the local ranks'
+  // heaps as mapped here, and this call's wait context (who waits, for the fault record).
+  device::NvlinkTransport nvlink() const;
+  device::WaitContext wait_context() const;
 
  private:
   void check_stream();  // the stream is usable and on the group's GPU

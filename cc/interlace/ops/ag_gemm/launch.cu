@@ -246,11 +246,8 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
     if (s.copy_engine) driver();  // stream memory operations: raises here, before any GPU work, without a driver
     l.num_tiles = l.problem.k == 0 ? 0 : grid.num_tiles();
     l.order = AgGemmOrder::make(cluster_rows, grid.tiles_n, band_m);
-    for (int q = 0; q < topo.local_size(); ++q) s.transport.heaps[q] = heap.base(q);
-    s.transport.local_rank = topo.local_rank;
-    s.transport.local_size = topo.local_size();
-    s.wait = device::WaitContext{topo.rank, OpId::kAgGemm, heap.pad(topo.local_rank), group.device_control(),
-                                 group.timeout_ns()};
+    s.transport = call.nvlink();
+    s.wait = call.wait_context();
     s.shard = static_cast<const char*>(a_shard.data);
     s.gathered = landing;
     s.row_bytes = row_bytes;

@@ -56,11 +56,8 @@ void all_gather(Group& group, const TensorView& out, const TensorView& inp, cuda
   // the op sequence on every rank, so a cancel elsewhere can never be matched with the wrong call.
 
   AllGatherParams<device::NvlinkTransport> p{};
-  for (int q = 0; q < topo.local_size(); ++q) p.transport.heaps[q] = heap.base(q);
-  p.transport.local_rank = topo.local_rank;
-  p.transport.local_size = topo.local_size();
-  p.wait = device::WaitContext{topo.rank, OpId::kAllGather, heap.pad(topo.local_rank), group.device_control(),
-                               group.timeout_ns()};
+  p.transport = call.nvlink();
+  p.wait = call.wait_context();
   p.signature = signature;
   p.inp = static_cast<const char*>(inp.data);
   p.out = static_cast<char*>(out.data);

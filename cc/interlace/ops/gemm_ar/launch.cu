@@ -71,10 +71,8 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
                                                "every rank) and landing tiles (all of out); grow the heap, or split "
                                                "the call along M or N",
                                                call.capturing());
-    for (int q = 0; q < topo.local_size(); ++q) s.transport.heaps[q] = heap.base(q);
-    s.transport.local_rank = me;
-    s.transport.local_size = topo.local_size();
-    s.wait = device::WaitContext{topo.rank, OpId::kGemmAr, heap.pad(me), group.device_control(), group.timeout_ns()};
+    s.transport = call.nvlink();
+    s.wait = call.wait_context();
     s.staging = scratch;
     s.landing = scratch + staging_bytes;
     s.out = out.data;

@@ -122,10 +122,8 @@ void gemm_rs(Group& group, const TensorView& a, const TensorView& b, const Tenso
                                            "gemm_rs's staging (fp32 partials of every tile this rank owns, from every "
                                            "rank; grow the heap, or split the call along M or N)",
                                            call.capturing());
-    for (int q = 0; q < topo.local_size(); ++q) s.transport.heaps[q] = heap.base(q);
-    s.transport.local_rank = me;
-    s.transport.local_size = topo.local_size();
-    s.wait = device::WaitContext{topo.rank, OpId::kGemmRs, heap.pad(me), group.device_control(), group.timeout_ns()};
+    s.transport = call.nvlink();
+    s.wait = call.wait_context();
     s.staging = staging;
     s.out = out.data;
     s.ldo = ldo;

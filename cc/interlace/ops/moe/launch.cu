@@ -30,14 +30,12 @@ std::string describe(const MoeShape& s) {
 // threads at most), never more CTAs than barrier words.
 int num_blocks(const Group& group) { return std::min(group.num_sms(), static_cast<int>(kMoeBarrierWords)); }
 
-MoeCommonParams common_params(Group& group, OpId op, uint64_t signature, const MoeHandle& h, int64_t tokens) {
-  const Topology& topo = group.topology();
+MoeCommonParams common_params(Group& group, const OpCall& call, uint64_t signature, const MoeHandle& h,
+                              int64_t tokens) {
   SymmetricHeap& heap = group.heap();
   MoeCommonParams c{};
-  for (int q = 0; q < topo.local_size(); ++q) c.transport.heaps[q] = heap.base(q);
-  c.transport.local_rank = topo.local_rank;
-  c.transport.local_size = topo.local_size();
-  c.wait = device::WaitContext{topo.rank, op, heap.pad(topo.local_rank), group.device_control(), group.timeout_ns()};
+  c.transport = call.nvlink();
+  c.wait = call.wait_context();
   c.signature = signature;
   c.plan = h.plan();
   c.tokens = static_cast<int32_t>(tokens);
@@ -118,7 +116,7 @@ void moe_dispatch(Group& group, MoeHandle& handle, const TensorView& x, const Te
   });
   const int64_t tokens = x.shape[0];
   MoeDispatchParams p{};
-  p.c = common_params(group, OpId::kMoeDispatch, signature, handle, tokens);
+  p.c = common_params(group, call, signature, handle, tokens);
   char* base = heap.local_base();
   p.c.home_row = reinterpret_cast<int32_t*>(base + handle.workspace() + handle.home_row_);
   p.c.home_weight = reinterpret_cast<float*>(base + handle.workspace() + handle.home_weight_);
@@ -156,7 +154,7 @@ void moe_combine(Group& group, MoeHandle& handle, const TensorView& expert_out, 
                           ", num_blocks=", blocks, ")");
   });
   MoeCombineParams p{};
-  p.c = common_params(group, OpId::kMoeCombine, signature, handle, handle.tokens());
+  p.c = common_params(group, call, signature, handle, handle.tokens());
   char* base = group.heap().local_base() + handle.workspace();
   p.c.home_row = reinterpret_cast<int32_t*>(base + handle.home_row_);
   p.c.home_weight = reinterpret_cast<float*>(base + handle.home_weight_);

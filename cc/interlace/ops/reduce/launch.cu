@@ -45,15 +45,12 @@ int resident_blocks(const Group& group, Kernel kernel, int index) {
 }
 
 // What every call fills in the same way; the caller sets the buffers.
-Params base_params(Group& group, OpId op, uint64_t signature, const ReducePlan& plan, const TensorView& out,
-                   const TensorView& inp, size_t staging) {
-  const Topology& topo = group.topology();
+Params base_params(Group& group, const OpCall& call, uint64_t signature, const ReducePlan& plan,
+                   const TensorView& out, const TensorView& inp, size_t staging) {
   SymmetricHeap& heap = group.heap();
   Params p{};
-  for (int q = 0; q < topo.local_size(); ++q) p.transport.heaps[q] = heap.base(q);
-  p.transport.local_rank = topo.local_rank;
-  p.transport.local_size = topo.local_size();
-  p.wait = device::WaitContext{topo.rank, op, heap.pad(topo.local_rank), group.device_control(), group.timeout_ns()};
+  p.transport = call.nvlink();
+  p.wait = call.wait_context();
   p.signature = signature;
   p.plan = plan;
   p.inp = static_cast<const char*>(inp.data);
@@ -96,7 +93,7 @@ void reduce_scatter(Group& group, const TensorView& out, const TensorView& inp, 
                           ")");
   });
   // An empty call still runs (its kernel only makes the handshake), as all_gather's.
-  Params p = base_params(group, OpId::kReduceScatter, signature, plan, out, inp, staging);
+  Params p = base_params(group, call, signature, plan, out, inp, staging);
   call.launch([&](cudaStream_t s) { kernel<<<plan.num_blocks, kReduceThreads, 0, s>>>(p); });
 }
 
@@ -128,7 +125,7 @@ void all_reduce(Group& group, const TensorView& out, const TensorView& inp, cuda
                           ", in_place=", out.data == inp.data, ", staging=", staging, ", num_blocks=", plan.num_blocks,
                           ", chunk_bytes=", plan.chunk_bytes, ")");
   });
-  Params p = base_params(group, OpId::kAllReduce, signature, plan, out, inp, staging);
+  Params p = base_params(group, call, signature, plan, out, inp, staging);
   if (plan.algorithm == ReduceAlgorithm::kTwoShot) {
     if (out_offset < 0) {  // into landing slots after the staging, copied into out
       p.landing = staging + plan.staging_bytes;
