@@ -163,6 +163,24 @@ TEST(RcBackend, WritesLandBeforeTheirFlagAndFullQueuesPushBack) {
   EXPECT_EQ(flag(fabric, 1), kN);
   EXPECT_EQ(landed(fabric, 1, kN), kN);
   EXPECT_EQ(backend.failure(), "");
+  EXPECT_EQ(backend.outstanding(), 0u);
+}
+
+TEST(RcBackend, CountsWritesOutUntilTheirAddCompletes) {
+  FakeFabric fabric(2, 4096, FakeFabric::Order::kPerQueuePair, 8);
+  RcBackend backend(0, fabric.nic(0));
+  ASSERT_TRUE(backend.post(write(1, 0)));
+  ASSERT_TRUE(backend.post(ProxyWrite{1, 0, 0, 0, kFlag, 1}));  // a flag alone: one work request
+  EXPECT_EQ(backend.outstanding(), 2u);
+  fabric.step();  // the first write's bytes: its add has not completed
+  backend.progress();
+  EXPECT_EQ(backend.outstanding(), 2u);
+  fabric.step();
+  backend.progress();
+  EXPECT_EQ(backend.outstanding(), 1u);
+  fabric.step();
+  backend.progress();
+  EXPECT_EQ(backend.outstanding(), 0u);
 }
 
 TEST(RcBackend, AFailedCompletionNamesThePeer) {
@@ -200,6 +218,8 @@ TEST(SrdBackend, UnorderedWritesCountOnlyOnceTheirBytesHaveLanded) {
   EXPECT_EQ(landed(fabric, 1, kN), kN);
   EXPECT_EQ(sender.failure(), "");
   EXPECT_EQ(receiver.failure(), "");
+  EXPECT_EQ(sender.outstanding(), 0u);
+  EXPECT_EQ(receiver.outstanding(), 0u);  // what arrives is the peer's to wait for
 }
 
 TEST(SrdBackend, TheImmediateCarriesFlagAndAmountAndRefusesWhatDoesNotFit) {
