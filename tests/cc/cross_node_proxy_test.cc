@@ -1,13 +1,14 @@
 // CrossNodeProxy, the owner of the cross-node path: built over host memory (the memory backend,
 // and the loopback backend with a host engine), carrying what a ProxyTransport posts, reporting
-// failures once, tearing down cleanly; and its setup errors, the verbs backends' on this host
-// (which has no RDMA devices) included.
+// failures once, tearing down cleanly (after the writes still on their way, within a bound); and
+// its setup errors, the verbs backends' on this host (which has no RDMA devices) included.
 #include "interlace/transport/cross_node_proxy.h"
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -165,6 +166,78 @@ TEST(CrossNodeProxy, TearsDownPromptlyWithWritesStuckInAStalledBackend) {
   proxy.reset();
   EXPECT_LT(seconds_since(start), 1.0);
   EXPECT_EQ(s.flag(2), 0u);
+}
+
+// Lands a write only when asked about it `delay` after it was issued, or never: a GPU stream still
+// copying when the proxy is torn down. Called from the proxy's thread only.
+class LateEngine : public LoopbackEngine {
+ public:
+  static constexpr Clock::duration kNever = Clock::duration::max();
+  explicit LateEngine(Clock::duration delay) : delay_(delay) {}
+  void copy(char* dst, const char* src, uint64_t bytes) override {
+    issued_.push_back([=] { std::memcpy(dst, src, bytes); });
+  }
+  void add(uint64_t* flag, uint64_t value) override {
+    issued_.push_back([=] { __atomic_fetch_add(flag, value, __ATOMIC_RELEASE); });
+  }
+  Ticket record() override {
+    const auto due = delay_ == kNever ? Clock::time_point::max() : Clock::now() + delay_;
+    writes_.push_back({std::move(issued_), due});
+    issued_.clear();
+    return static_cast<Ticket>(writes_.size() - 1);
+  }
+  bool done(Ticket t) override {
+    if (Clock::now() < writes_[t].due) return false;
+    for (auto& op : writes_[t].ops) op();  // the copy, then the add
+    return true;
+  }
+  std::string failure() const override { return ""; }
+
+ private:
+  struct Write {
+    std::vector<std::function<void()>> ops;
+    Clock::time_point due;
+  };
+  const Clock::duration delay_;
+  std::vector<std::function<void()>> issued_;
+  std::vector<Write> writes_;
+};
+
+// The process's last op posted its writes and it exits at once: they still land.
+TEST(CrossNodeProxy, TeardownLandsTheWritesStillOnTheirWay) {
+  Rig s;
+  LateEngine engine(std::chrono::milliseconds(100));
+  s.options.backend = CrossNodeBackend::kLoopback;
+  s.options.engine = &engine;
+  auto proxy = std::make_unique<CrossNodeProxy>(s.topology, s.options);
+  send_to_other_node(s, 5, 40);
+  while (proxy->taken() < 10) std::this_thread::yield();
+  ASSERT_EQ(s.flag(2), 0u) << "the writes landed before teardown began: this tests nothing";
+  proxy.reset();
+  for (int q : {2, 3}) {
+    EXPECT_EQ(s.flag(q), 5u);
+    EXPECT_EQ(std::memcmp(s.heaps[q] + kData, s.heaps[0] + kData, 5 * 40), 0);
+  }
+}
+
+TEST(CrossNodeProxy, TeardownGivesUpOnWritesThatNeverLandAndSaysSo) {
+  Rig s;
+  LateEngine engine(LateEngine::kNever);
+  s.options.backend = CrossNodeBackend::kLoopback;
+  s.options.engine = &engine;
+  auto proxy = std::make_unique<CrossNodeProxy>(s.topology, s.options);
+  send_to_other_node(s, 1, 40);
+  while (proxy->taken() < 2) std::this_thread::yield();
+  testing::internal::CaptureStderr();
+  const auto start = Clock::now();
+  proxy.reset();
+  const double waited = seconds_since(start);
+  const std::string told = testing::internal::GetCapturedStderr();
+  const double bound = std::chrono::duration<double>(Proxy::kTeardownWait).count();
+  EXPECT_GE(waited, bound);
+  EXPECT_LT(waited, bound + 2.0);
+  EXPECT_HAS(told, "rank 0's cross-node proxy (loopback) tore down with 2 write(s) still in flight");
+  EXPECT_HAS(told, "no completion within 5000 ms");
 }
 
 TEST(CrossNodeProxy, SetupErrorsSayWhatIsWrong) {

@@ -241,6 +241,7 @@ TEST(Proxy, PollsWithoutPauseWhileTheBackendHasTraffic) {
       return true;
     }
     std::string failure() const override { return ""; }
+    uint64_t outstanding() const override { return 0; }
     std::atomic<uint64_t> calls{0};
   } backend;
   World world(1, 1024, 4);

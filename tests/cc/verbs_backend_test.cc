@@ -1,17 +1,26 @@
 // The RC and SRD backends against a fake fabric: host memory as heaps, a fake NIC per rank that
 // executes one work request per step (in order per queue pair for RC, in any order for SRD), with
-// bounded send queues, receive slots, and peers that die.
+// bounded send queues, receive slots, and peers that die. Then the proxy's teardown over them,
+// against a NIC whose completions come late or never.
 #include "interlace/transport/verbs_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <random>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "interlace/transport/proxy.h"
+#include "interlace/transport/proxy_fifo.h"
 
 namespace interlace {
 namespace {
@@ -163,6 +172,24 @@ TEST(RcBackend, WritesLandBeforeTheirFlagAndFullQueuesPushBack) {
   EXPECT_EQ(flag(fabric, 1), kN);
   EXPECT_EQ(landed(fabric, 1, kN), kN);
   EXPECT_EQ(backend.failure(), "");
+  EXPECT_EQ(backend.outstanding(), 0u);
+}
+
+TEST(RcBackend, CountsWritesOutUntilTheirAddCompletes) {
+  FakeFabric fabric(2, 4096, FakeFabric::Order::kPerQueuePair, 8);
+  RcBackend backend(0, fabric.nic(0));
+  ASSERT_TRUE(backend.post(write(1, 0)));
+  ASSERT_TRUE(backend.post(ProxyWrite{1, 0, 0, 0, kFlag, 1}));  // a flag alone: one work request
+  EXPECT_EQ(backend.outstanding(), 2u);
+  fabric.step();  // the first write's bytes: its add has not completed
+  backend.progress();
+  EXPECT_EQ(backend.outstanding(), 2u);
+  fabric.step();
+  backend.progress();
+  EXPECT_EQ(backend.outstanding(), 1u);
+  fabric.step();
+  backend.progress();
+  EXPECT_EQ(backend.outstanding(), 0u);
 }
 
 TEST(RcBackend, AFailedCompletionNamesThePeer) {
@@ -200,6 +227,8 @@ TEST(SrdBackend, UnorderedWritesCountOnlyOnceTheirBytesHaveLanded) {
   EXPECT_EQ(landed(fabric, 1, kN), kN);
   EXPECT_EQ(sender.failure(), "");
   EXPECT_EQ(receiver.failure(), "");
+  EXPECT_EQ(sender.outstanding(), 0u);
+  EXPECT_EQ(receiver.outstanding(), 0u);  // what arrives is the peer's to wait for
 }
 
 TEST(SrdBackend, TheImmediateCarriesFlagAndAmountAndRefusesWhatDoesNotFit) {
@@ -215,6 +244,158 @@ TEST(SrdBackend, TheImmediateCarriesFlagAndAmountAndRefusesWhatDoesNotFit) {
   EXPECT_TRUE(backend.post(ProxyWrite{1, 0, 0, 8, SrdBackend::kMaxFlagOffset, 1}));  // taken, then failure
   EXPECT_NE(backend.failure().find("cannot travel in SRD's 32-bit immediate"), std::string::npos)
       << backend.failure();
+}
+
+// ---- Teardown ----------------------------------------------------------------------------------
+
+using Clock = std::chrono::steady_clock;
+constexpr uint64_t kSecond = 1000000000ull;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// What a TardyNic saw, kept after it is destroyed.
+struct NicLog {
+  std::mutex mutex;
+  uint64_t completions_due = 0;   // signaled work requests posted: one per write
+  uint64_t completions_polled = 0;
+  bool destroyed = false;
+  uint64_t unpolled_when_destroyed = 0;
+  uint64_t polled() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return completions_polled;
+  }
+};
+
+// A NIC whose completions come late: each signaled work request completes `delay` after it was
+// posted, or never. The proxy's thread calls it while the test reads its log, so it locks. Its
+// destruction stands for its queue pairs' (IbvVerbs::release).
+class TardyNic : public Verbs {
+ public:
+  static constexpr Clock::duration kNever = Clock::duration::max();
+
+  TardyNic(NicLog& log, Clock::duration delay) : log_(log), delay_(delay) {}
+  ~TardyNic() override {
+    std::lock_guard<std::mutex> lock(log_.mutex);
+    log_.destroyed = true;
+    log_.unpolled_when_destroyed = log_.completions_due - log_.completions_polled;
+  }
+  int send_room(int) const override { return 1 << 20; }
+  void post(const VerbsWork& w) override {
+    if (!w.signaled) return;  // an unsignaled write completes with the signaled request after it
+    std::lock_guard<std::mutex> lock(log_.mutex);
+    ++log_.completions_due;
+    due_.emplace_back(w, delay_ == kNever ? Clock::time_point::max() : Clock::now() + delay_);
+  }
+  void post_receives(int) override {}
+  int poll(VerbsCompletion* out, int max) override {
+    std::lock_guard<std::mutex> lock(log_.mutex);
+    int n = 0;
+    while (n < max && !due_.empty() && due_.front().second <= Clock::now()) {
+      const VerbsWork& w = due_.front().first;
+      out[n++] = VerbsCompletion{VerbsCompletion::kSend, w.id, w.peer, 0, true, ""};
+      due_.pop_front();
+    }
+    log_.completions_polled += n;
+    return n;
+  }
+
+ private:
+  NicLog& log_;
+  const Clock::duration delay_;
+  std::deque<std::pair<VerbsWork, Clock::time_point>> due_;  // in post order, so in due order
+};
+
+using MakeBackend = std::function<std::unique_ptr<ProxyBackend>(Verbs&)>;
+
+std::unique_ptr<ProxyBackend> rc(Verbs& nic) { return std::make_unique<RcBackend>(0, nic); }
+std::unique_ptr<ProxyBackend> srd(Verbs& nic) {
+  return std::make_unique<SrdBackend>(0, nic, [](uint64_t, uint64_t) {}, 4);
+}
+
+// Rank 0's path to rank 1 as CrossNodeProxy owns it: the NIC, the backend over it, the proxy thread
+// serving the FIFO into it. Members go in reverse: the proxy, the backend, then the NIC.
+struct Path {
+  Path(NicLog& log, Clock::duration delay, const MakeBackend& make)
+      : nic(log, delay), backend(make(nic)), proxy(ProxyQueue{slots.data(), &consumed, kSlots}, *backend, 2,
+                                                   [](const std::string& why) { ADD_FAILURE() << why; }) {}
+
+  // Posts n writes (40 bytes and a flag each) as a kernel would, and waits until the proxy has
+  // handed every one to the backend, so they are on the NIC.
+  void post_writes(uint64_t n) {
+    const ProxyFifo fifo{slots.data(), &claimed, &consumed, kSlots};
+    for (uint64_t i = 0; i < n; ++i) {
+      const ProxyRequest r{kData + i * kBytes, kData + i * kBytes, kBytes, kFlag, 1, 1, 0, 0};
+      ASSERT_EQ(proxy_post(fifo, r, 10 * kSecond, [] { return false; }), PostResult::kPosted);
+    }
+    const auto start = Clock::now();
+    while (proxy.taken() < n && seconds_since(start) < 10) std::this_thread::yield();
+    ASSERT_EQ(proxy.taken(), n);
+  }
+
+  static constexpr uint32_t kSlots = 16;
+  std::vector<ProxyRequest> slots = std::vector<ProxyRequest>(kSlots);
+  uint64_t claimed = 0, consumed = 0;
+  TardyNic nic;
+  std::unique_ptr<ProxyBackend> backend;
+  Proxy proxy;
+};
+
+// Completions 200 ms late: teardown waits for them, and the queue pairs go only after the last one
+// has been polled. (Before teardown waited, it destroyed them with every write still out.)
+TEST(ProxyTeardown, WaitsForLateCompletionsBeforeTheQueuePairsGo) {
+  constexpr auto kLate = std::chrono::milliseconds(200);
+  for (const auto& [name, make] : {std::pair<const char*, MakeBackend>{"rc", rc}, {"srd", srd}}) {
+    SCOPED_TRACE(name);
+    NicLog log;
+    auto path = std::make_unique<Path>(log, kLate, make);
+    path->post_writes(8);
+    ASSERT_EQ(log.polled(), 0u) << "the completions came before teardown began: this tests nothing";
+    const auto start = Clock::now();
+    const uint64_t abandoned = path->proxy.stop();
+    path.reset();
+    EXPECT_EQ(abandoned, 0u);
+    EXPECT_TRUE(log.destroyed);
+    EXPECT_EQ(log.completions_due, 8u);
+    EXPECT_EQ(log.unpolled_when_destroyed, 0u) << "queue pairs destroyed with writes still in flight";
+    EXPECT_LT(seconds_since(start), std::chrono::duration<double>(Proxy::kTeardownWait).count())
+        << "it waited out the bound instead of for the completions";
+  }
+}
+
+// Completions that never come (a peer that stopped answering, a stuck NIC): teardown gives up at
+// the bound, says how many writes it abandoned, and the queue pairs then go regardless.
+TEST(ProxyTeardown, GivesUpOnCompletionsThatNeverComeAtTheBound) {
+  NicLog log;
+  auto path = std::make_unique<Path>(log, TardyNic::kNever, rc);
+  path->post_writes(8);
+  const auto start = Clock::now();
+  const uint64_t abandoned = path->proxy.stop();
+  const double waited = seconds_since(start);
+  path.reset();
+  const double bound = std::chrono::duration<double>(Proxy::kTeardownWait).count();
+  EXPECT_EQ(abandoned, 8u);
+  EXPECT_GE(waited, bound) << "it gave up before the bound";
+  EXPECT_LT(waited, bound + 2.0) << "it overran the bound";
+  EXPECT_TRUE(log.destroyed);
+  EXPECT_EQ(log.unpolled_when_destroyed, 8u);
+}
+
+// Nothing in flight: teardown adds no wait, whether writes went and completed or none ever went.
+TEST(ProxyTeardown, WithNothingInFlightIsImmediate) {
+  for (const uint64_t writes : {0, 8}) {
+    SCOPED_TRACE(writes);
+    NicLog log;
+    auto path = std::make_unique<Path>(log, Clock::duration::zero(), rc);
+    path->post_writes(writes);
+    const auto polled = Clock::now();
+    while (log.polled() < writes && seconds_since(polled) < 10) std::this_thread::yield();
+    ASSERT_EQ(log.polled(), writes);
+    const auto start = Clock::now();
+    EXPECT_EQ(path->proxy.stop(), 0u);
+    path.reset();
+    EXPECT_LT(seconds_since(start), 0.25) << "against a bound of " << Proxy::kTeardownWait.count() << " ms";
+    EXPECT_EQ(log.unpolled_when_destroyed, 0u);
+  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "interlace/transport/cross_node_proxy.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <system_error>
 
 #include "interlace/base/error.h"
@@ -36,7 +37,7 @@ bool on_this_node(const Topology& t, int rank) {
 }  // namespace
 
 CrossNodeProxy::CrossNodeProxy(const Topology& topology, CrossNodeOptions options)
-    : kind_(options.backend), on_failure_(std::move(options.on_failure)) {
+    : rank_(topology.rank), kind_(options.backend), on_failure_(std::move(options.on_failure)) {
   check_options(topology, options);
   make_backend(topology, options);
   try {
@@ -49,9 +50,29 @@ CrossNodeProxy::CrossNodeProxy(const Topology& topology, CrossNodeOptions option
 }
 
 CrossNodeProxy::~CrossNodeProxy() {
-  proxy_.reset();  // joins the thread: nothing touches the backend after this
+  // Joins the thread once the backend's writes are done (bounded): nothing touches the backend
+  // after this, and the queue pairs destroyed below have no writes left on them but those told of.
+  const uint64_t abandoned = proxy_->stop();
+  if (abandoned > 0) tell_abandoned(abandoned);
+  proxy_.reset();
   backend_.reset();
   verbs_.reset();
+}
+
+void CrossNodeProxy::tell_abandoned(uint64_t writes) const noexcept {
+  try {
+    const std::string why = backend_->failure();
+    const std::string line =
+        concat("interlace: rank ", rank_, "'s cross-node proxy (", cross_node_backend_name(kind_), ") tore down with ",
+               writes, " write(s) still in flight, which their peers may never see: ",
+               why.empty() ? concat("no completion within ", Proxy::kTeardownWait.count(),
+                                    " ms (a peer that stopped answering, or a stuck NIC)")
+                           : concat("the backend had failed (", why, ")"),
+               "\n");
+    std::fputs(line.c_str(), stderr);
+  } catch (...) {
+    // Out of memory while telling: the teardown goes on regardless.
+  }
 }
 
 std::string CrossNodeProxy::failure() const {

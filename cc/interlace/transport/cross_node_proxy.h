@@ -1,9 +1,12 @@
 // What a Group will hold for its ranks on other nodes: the backend that carries writes there and
 // the Proxy thread that feeds it from this GPU's FIFO. It makes them in order (the verbs, if any;
 // the backend; the thread) and tears them down in reverse, the thread first so that nothing runs
-// against a backend being destroyed. Setup failures raise interlace::Error naming the backend and
-// why; failures later (a dead peer, a device error) are reported once through on_failure, on the
-// proxy's thread, for the group to abort on.
+// against a backend being destroyed. The thread ends only once the backend's writes still out have
+// completed, or after Proxy::kTeardownWait: the queue pairs go after the last completion, and a
+// process that exits right after its last op still delivers it. Writes abandoned at that bound are
+// told on stderr (the group is going away: there is no one else to tell). Setup failures raise
+// interlace::Error naming the backend and why; failures later (a dead peer, a device error) are
+// reported once through on_failure, on the proxy's thread, for the group to abort on.
 //
 // It needs no GPU: the FIFO, the heaps and the loopback engine come from the caller, so the CPU
 // tests build it over host memory with the memory backend.
@@ -81,7 +84,9 @@ class CrossNodeProxy {
   void check_options(const Topology& topology, const CrossNodeOptions& o) const;
   void make_backend(const Topology& topology, CrossNodeOptions& o);
   void report(const std::string& why);
+  void tell_abandoned(uint64_t writes) const noexcept;
 
+  const int rank_;
   const CrossNodeBackend kind_;
   std::function<void(const std::string&)> on_failure_;
   mutable std::mutex mutex_;

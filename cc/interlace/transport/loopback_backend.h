@@ -80,6 +80,8 @@ class LoopbackBackend : public ProxyBackend {
   bool post(const ProxyWrite& w) override;
   bool progress() override;
   std::string failure() const override;
+  // Writes issued to the engine and not yet seen landed (a GPU stream runs them on its own).
+  uint64_t outstanding() const override { return in_flight_.size(); }
 
   size_t in_flight() const { return in_flight_.size(); }
   size_t most_in_flight() const { return most_in_flight_; }

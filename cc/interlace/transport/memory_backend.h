@@ -26,6 +26,9 @@ class MemoryBackend : public ProxyBackend {
   bool post(const ProxyWrite& w) override;
   bool progress() override;
   std::string failure() const override;
+  // None: its writes move only inside progress(), on the proxy's thread, so none is under way
+  // once the proxy stops; those still queued (a held network's) are dropped with the backend.
+  uint64_t outstanding() const override { return 0; }
 
   // From now on writes to `rank` fail, as if its node went down (callable from any thread).
   void kill(int rank);

@@ -9,6 +9,9 @@ namespace {
 
 // How long the proxy keeps polling without pause after its last traffic.
 constexpr auto kSpinAfterTraffic = std::chrono::milliseconds(1);
+// The pause between polls while teardown waits for completions that have not come: short next to
+// a write's latency, long enough not to take a core from whatever else is shutting down.
+constexpr auto kSettlePause = std::chrono::microseconds(50);
 
 }  // namespace
 using detail::concat;
@@ -21,9 +24,22 @@ Proxy::Proxy(ProxyQueue queue, ProxyBackend& backend, int world_size,
   thread_ = std::thread([this] { run(); });
 }
 
-Proxy::~Proxy() {
+Proxy::~Proxy() { stop(); }
+
+uint64_t Proxy::stop() {
   stop_ = true;
-  thread_.join();
+  if (thread_.joinable()) thread_.join();  // the thread settles the backend before it ends
+  return abandoned_;
+}
+
+uint64_t Proxy::settle() {
+  const auto deadline = std::chrono::steady_clock::now() + kTeardownWait;
+  while (true) {
+    const uint64_t out = backend_.outstanding();
+    if (out == 0 || !backend_.failure().empty() || std::chrono::steady_clock::now() >= deadline) return out;
+    backend_.progress();
+    if (backend_.outstanding() == out) std::this_thread::sleep_for(kSettlePause);
+  }
 }
 
 void Proxy::fail(const std::string& why) {
@@ -75,6 +91,7 @@ void Proxy::run() {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
+  abandoned_ = settle();
 }
 
 }  // namespace interlace

@@ -30,6 +30,12 @@ class ProxyBackend {
   virtual bool progress() = 0;
   // Why the backend can carry no more writes (a dead peer, a device error); "" while healthy.
   virtual std::string failure() const = 0;
+  // Writes handed to something that carries them on without the proxy (a NIC's send queue, a GPU
+  // stream) and not yet seen complete. The proxy's teardown waits for them (bounded, proxy.h), so
+  // that what they run on (queue pairs, registrations) is not destroyed under them and a peer is not
+  // left waiting for a write its sender dropped on exit. A backend that moves bytes only inside
+  // progress() has none out.
+  virtual uint64_t outstanding() const = 0;
 };
 
 }  // namespace interlace

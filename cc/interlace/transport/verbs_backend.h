@@ -29,11 +29,14 @@ class RcBackend : public ProxyBackend {
   bool post(const ProxyWrite& w) override;
   bool progress() override;
   std::string failure() const override { return failure_; }
+  // Writes whose signaled work request (the add) has not completed yet.
+  uint64_t outstanding() const override { return outstanding_; }
 
  private:
   int my_rank_;
   Verbs& verbs_;
   uint64_t next_id_ = 0;
+  uint64_t outstanding_ = 0;
   std::string failure_;
 };
 
@@ -52,6 +55,9 @@ class SrdBackend : public ProxyBackend {
   bool post(const ProxyWrite& w) override;
   bool progress() override;
   std::string failure() const override { return failure_; }
+  // Writes whose send completion has not been polled yet (receives are not counted: they are the
+  // peers' writes, which their own teardown waits for).
+  uint64_t outstanding() const override { return outstanding_; }
 
   static uint32_t encode(uint64_t flag_offset, uint64_t add) {
     return static_cast<uint32_t>((flag_offset / 8) << kAddBits | add);
@@ -66,6 +72,7 @@ class SrdBackend : public ProxyBackend {
   Verbs& verbs_;
   FlagSink sink_;
   uint64_t next_id_ = 0;
+  uint64_t outstanding_ = 0;
   std::string failure_;
 };
 
