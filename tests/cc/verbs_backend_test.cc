@@ -380,6 +380,18 @@ TEST(ProxyTeardown, GivesUpOnCompletionsThatNeverComeAtTheBound) {
   EXPECT_EQ(log.unpolled_when_destroyed, 8u);
 }
 
+// After an abort no peer waits for the writes: teardown stops at once, whatever is still out.
+TEST(ProxyTeardown, AfterAnAbortDoesNotWaitForWritesInFlight) {
+  NicLog log;
+  auto path = std::make_unique<Path>(log, TardyNic::kNever, rc);
+  path->post_writes(8);
+  const auto start = Clock::now();
+  EXPECT_EQ(path->proxy.stop(/*settle=*/false), 8u);
+  EXPECT_EQ(path->proxy.stop(), 8u) << "a second stop must change nothing";
+  path.reset();
+  EXPECT_LT(seconds_since(start), 0.25) << "against a bound of " << Proxy::kTeardownWait.count() << " ms";
+}
+
 // Nothing in flight: teardown adds no wait, whether writes went and completed or none ever went.
 TEST(ProxyTeardown, WithNothingInFlightIsImmediate) {
   for (const uint64_t writes : {0, 8}) {

@@ -108,6 +108,8 @@ void CrossNodePath::release() {
   if (previous >= 0) cudaSetDevice(previous);
 }
 
+void CrossNodePath::abandon_writes() { proxy_->stop(/*settle=*/false); }
+
 CrossNodeBackend CrossNodePath::backend() const { return proxy_->backend_kind(); }
 
 std::string CrossNodePath::failure() const { return proxy_->failure(); }

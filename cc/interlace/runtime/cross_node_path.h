@@ -56,6 +56,9 @@ class CrossNodePath {
   // Waits, at most timeout_s, until the proxy has taken every request posted so far; false if it
   // has not. Call once this GPU's kernels are done (nothing posts any more).
   bool drain(double timeout_s);
+  // Stops the proxy without waiting for its writes in flight: the group has aborted, so no peer
+  // waits for them (teardown would otherwise wait up to Proxy::kTeardownWait).
+  void abandon_writes();
 
  private:
   void release();  // the teardown, in reverse: the thread, the engine, the memory

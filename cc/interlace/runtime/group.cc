@@ -133,6 +133,8 @@ Group::~Group() {
         if (cudaDeviceSynchronize() == cudaSuccess) cross_node_->drain(options_.timeout_s);
       } catch (...) {
       }
+    } else {
+      cross_node_->abandon_writes();
     }
     cross_node_.reset();
   }

@@ -52,11 +52,17 @@ CrossNodeProxy::CrossNodeProxy(const Topology& topology, CrossNodeOptions option
 CrossNodeProxy::~CrossNodeProxy() {
   // Joins the thread once the backend's writes are done (bounded): nothing touches the backend
   // after this, and the queue pairs destroyed below have no writes left on them but those told of.
-  const uint64_t abandoned = proxy_->stop();
-  if (abandoned > 0) tell_abandoned(abandoned);
+  stop(true);
   proxy_.reset();
   backend_.reset();
   verbs_.reset();
+}
+
+void CrossNodeProxy::stop(bool settle) {
+  if (stopped_) return;
+  stopped_ = true;
+  const uint64_t abandoned = proxy_->stop(settle);
+  if (settle && abandoned > 0) tell_abandoned(abandoned);
 }
 
 void CrossNodeProxy::tell_abandoned(uint64_t writes) const noexcept {

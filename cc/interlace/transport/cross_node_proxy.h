@@ -79,6 +79,10 @@ class CrossNodeProxy {
   uint64_t taken() const { return proxy_->taken(); }
   // The failure reported so far ("" while healthy).
   std::string failure() const;
+  // Stops the proxy's thread. With settle, once the backend's writes in flight have completed
+  // (bounded by Proxy::kTeardownWait; those abandoned are told on stderr); without (the group has
+  // aborted: no peer waits for them), at once. The destructor stops with settle; later calls do nothing.
+  void stop(bool settle);
 
  private:
   void check_options(const Topology& topology, const CrossNodeOptions& o) const;
@@ -91,6 +95,7 @@ class CrossNodeProxy {
   std::function<void(const std::string&)> on_failure_;
   mutable std::mutex mutex_;
   std::string failure_;
+  bool stopped_ = false;
   // Destroyed bottom up: the thread, then the backend, then the verbs it posts through.
   std::unique_ptr<IbvVerbs> verbs_;
   std::unique_ptr<ProxyBackend> backend_;

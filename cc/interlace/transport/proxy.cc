@@ -26,7 +26,8 @@ Proxy::Proxy(ProxyQueue queue, ProxyBackend& backend, int world_size,
 
 Proxy::~Proxy() { stop(); }
 
-uint64_t Proxy::stop() {
+uint64_t Proxy::stop(bool settle) {
+  if (!stop_) settle_ = settle;
   stop_ = true;
   if (thread_.joinable()) thread_.join();  // the thread settles the backend before it ends
   return abandoned_;
@@ -36,7 +37,9 @@ uint64_t Proxy::settle() {
   const auto deadline = std::chrono::steady_clock::now() + kTeardownWait;
   while (true) {
     const uint64_t out = backend_.outstanding();
-    if (out == 0 || !backend_.failure().empty() || std::chrono::steady_clock::now() >= deadline) return out;
+    if (out == 0 || !settle_ || !backend_.failure().empty() || std::chrono::steady_clock::now() >= deadline) {
+      return out;
+    }
     backend_.progress();
     if (backend_.outstanding() == out) std::this_thread::sleep_for(kSettlePause);
   }

@@ -48,9 +48,10 @@ class Proxy {
   Proxy& operator=(const Proxy&) = delete;
 
   // Takes no more requests, then keeps the backend progressing until it has no writes out, it has
-  // failed (the group aborts: nobody waits for them), or kTeardownWait has passed. Returns how many
-  // writes it gave up on (0 when all completed). Never throws; later calls return the same.
-  uint64_t stop();
+  // failed (the group aborts: nobody waits for them), or kTeardownWait has passed; with settle false
+  // (the group has aborted: no peer waits for the writes), not at all. Returns how many writes it
+  // gave up on (0 when all completed). Never throws; later calls return the same.
+  uint64_t stop(bool settle = true);
 
   uint64_t taken() const { return taken_.load(); }  // requests taken from the queue so far
 
@@ -66,6 +67,7 @@ class Proxy {
   std::function<void(const std::string&)> on_failure_;
   std::atomic<uint64_t> taken_{0};
   std::atomic<bool> stop_{false};
+  std::atomic<bool> settle_{true};  // set before stop_
   bool failed_ = false;
   uint64_t abandoned_ = 0;  // written by the thread before it ends, read after the join
   std::thread thread_;
