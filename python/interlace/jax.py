@@ -13,17 +13,29 @@ in the symmetric heap, so all_gather takes its staged path and all_reduce its no
     t = interlace.jax.all_reduce(x, group)          # x's shape, summed over ranks
     c = interlace.jax.gemm(a, b)                    # a @ b
     z = interlace.jax.ag_gemm(x, w, group)          # all_gather(x) @ w in one launch
+    moe = interlace.jax.MoeBuffers(group, num_experts=64, topk=2, hidden=4096, max_tokens=512, capacity=1024)
+    ex, starts, rows = interlace.jax.moe_dispatch(x, topk_idx, topk_weights, moe)  # per expert: rows of ex
+    y = interlace.jax.moe_combine(expert_out, moe, tokens=x.shape[0])             # back home, weighted sum
+
+The MoE ops keep their state in a MoeBuffers (its interlace.MoeHandle, in the group's heap, where peers
+write the receive rows); moe_dispatch copies the rows it received into its XLA output, and
+moe_combine reads what the last moe_dispatch with the same buffers left, so use one MoeBuffers per
+MoE layer, each combine after its own dispatch.
 """
+import itertools as _itertools
+import weakref as _weakref
+
 import numpy as _np
 
 import jax as _jax
+import jax.numpy as _jnp
 
 from interlace import _interlace as _C
 from interlace._group import native as _native
 
 # The custom-call target names; the handlers register under these for platform "CUDA".
 TARGETS = ("interlace_all_gather", "interlace_gemm", "interlace_ag_gemm", "interlace_gemm_rs", "interlace_gemm_ar",
-           "interlace_reduce_scatter", "interlace_all_reduce")
+           "interlace_reduce_scatter", "interlace_all_reduce", "interlace_moe_dispatch", "interlace_moe_combine")
 
 # all_reduce's algorithm names, as interlace.all_reduce takes them (ReduceAlgorithm's values).
 _REDUCE_ALGORITHMS = {"auto": 0, "one_shot": 2, "two_shot": 3}
@@ -138,3 +150,50 @@ def ag_gemm(a_shard, b, group, *, shard_rows=None, chunk_rows=0, band_m=0, tile_
     return call(a_shard, b, group=handle, shard_rows=_np.asarray(rows, dtype=_np.int64),
                 chunk_rows=_np.int64(chunk_rows), band_m=_np.int64(band_m), tile_n=_np.int64(tile_n),
                 pingpong=_np.int64(bool(pingpong)))
+
+
+_next_moe_handle = _itertools.count(1)
+
+
+class MoeBuffers:
+    """A MoE layer's interlace.MoeHandle for the JAX ops (collective to make, as the handle): the
+    handlers find it by an integer handle, registered here until this object goes. Arguments as
+    interlace.MoeHandle's; native is the handle."""
+
+    def __init__(self, group, *, num_experts, topk, hidden, max_tokens, capacity, capacity_kind="per_expert"):
+        import interlace
+        self.native = interlace.MoeHandle(group, num_experts=num_experts, topk=topk, hidden=hidden,
+                                          max_tokens=max_tokens, capacity=capacity, capacity_kind=capacity_kind)
+        self.group = group
+        self.handle = next(_next_moe_handle)
+        _C._register_xla_moe(self.handle, self.native)
+        # Runs before self.native is released (weakref callbacks precede clearing the instance's
+        # dict), so no handler can find a freed handle.
+        _weakref.finalize(self, _C._unregister_xla_moe, self.handle)
+
+
+def moe_dispatch(x, topk_idx, topk_weights, buffers):
+    """interlace.moe_dispatch with buffers' handle: returns (expert_x [recv_rows, hidden] bf16,
+    expert_starts [L] int32, expert_rows [L] int32), local expert l's rows being
+    expert_x[expert_starts[l]:expert_starts[l] + expert_rows[l]] (L = num_experts / world). x [T,
+    hidden] bf16, topk_idx [T, k] int32 or int64, topk_weights [T, k] float32."""
+    _register()
+    handle = _group_handle(buffers.group)
+    native = buffers.native
+    experts_per_rank = native.num_experts // native.world_size
+    call = _jax.ffi.ffi_call("interlace_moe_dispatch",
+                             (_jax.ShapeDtypeStruct((native.recv_rows, native.hidden), _jnp.bfloat16),
+                              _jax.ShapeDtypeStruct((experts_per_rank,), _jnp.int32),
+                              _jax.ShapeDtypeStruct((experts_per_rank,), _jnp.int32)))
+    return call(x, topk_idx, topk_weights, group=handle, moe=_np.int64(buffers.handle))
+
+
+def moe_combine(expert_out, buffers, *, tokens) -> "_jax.Array":
+    """interlace.moe_combine with buffers' handle: [tokens, hidden] bf16, each token's weighted sum of
+    its experts' rows of expert_out (expert_x's layout), tokens being this rank's x.shape[0] in the
+    last moe_dispatch with these buffers."""
+    _register()
+    handle = _group_handle(buffers.group)
+    call = _jax.ffi.ffi_call("interlace_moe_combine",
+                             _jax.ShapeDtypeStruct((tokens, expert_out.shape[1]), _jnp.bfloat16))
+    return call(expert_out, group=handle, moe=_np.int64(buffers.handle))

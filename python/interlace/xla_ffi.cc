@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "interlace/api/interlace.h"
+#include "interlace/base/cuda.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace nb = nanobind;
@@ -46,6 +47,20 @@ std::shared_ptr<Group> group_by_handle(int64_t handle) {
   std::shared_ptr<Group> group = it == registry().end() ? nullptr : it->second.lock();
   if (!group) IL_FAIL("no live interlace.Group has handle ", handle, " (the group was freed, or never used from interlace.jax)");
   return group;
+}
+
+// MoE handles by the integer interlace.jax.MoeBuffers gives them. Raw pointers: the Python object
+// that owns a handle unregisters it before the handle is freed (weakref.finalize in jax.py).
+std::unordered_map<int64_t, MoeHandle*>& moe_registry() {
+  static auto* handles = new std::unordered_map<int64_t, MoeHandle*>();
+  return *handles;
+}
+
+MoeHandle& moe_by_handle(int64_t handle) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto it = moe_registry().find(handle);
+  IL_CHECK(it != moe_registry().end(), "no live interlace.jax.MoeBuffers has handle ", handle);
+  return *it->second;
 }
 
 // XLA's element type as DLPack's; interlace checks which dtypes each op accepts.
@@ -170,6 +185,36 @@ ffi::Error all_reduce_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x
   });
 }
 
+// The handle's receive rows and per-expert runs live in the group's heap, where peers write them;
+// XLA's outputs are its own buffers, so they are copied out (on XLA's stream, after the dispatch).
+void copy_out(const TensorView& from, ffi::AnyBuffer& to, const char* what, cudaStream_t stream) {
+  IL_CHECK(static_cast<int64_t>(to.size_bytes()) == static_cast<int64_t>(from.nbytes()), "interlace.jax.moe_dispatch: ",
+           what, " is ", to.size_bytes(), " bytes but the handle's is ", from.nbytes());
+  IL_CUDA_CHECK(cudaMemcpyAsync(to.untyped_data(), from.data, from.nbytes(), cudaMemcpyDeviceToDevice, stream));
+}
+
+ffi::Error moe_dispatch_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer topk_idx,
+                             ffi::AnyBuffer topk_weights, ffi::Result<ffi::AnyBuffer> expert_x,
+                             ffi::Result<ffi::AnyBuffer> expert_starts, ffi::Result<ffi::AnyBuffer> expert_rows,
+                             int64_t group, int64_t moe) {
+  return guarded([&] {
+    std::shared_ptr<Group> g = group_by_handle(group);
+    MoeHandle& h = moe_by_handle(moe);
+    moe_dispatch(*g, h, view_of(x, device), view_of(topk_idx, device), view_of(topk_weights, device), stream);
+    copy_out(h.expert_x(), *expert_x, "expert_x", stream);
+    copy_out(h.expert_starts(), *expert_starts, "expert_starts", stream);
+    copy_out(h.expert_rows(), *expert_rows, "expert_rows", stream);
+  });
+}
+
+ffi::Error moe_combine_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer expert_out,
+                            ffi::Result<ffi::AnyBuffer> out, int64_t group, int64_t moe) {
+  return guarded([&] {
+    std::shared_ptr<Group> g = group_by_handle(group);
+    moe_combine(*g, moe_by_handle(moe), view_of(expert_out, device), view_of(*out, device), stream);
+  });
+}
+
 }  // namespace
 }  // namespace interlace
 
@@ -250,6 +295,24 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_all_reduce, interlace::all_reduce_im
                                   .Attr<int64_t>("num_blocks")
                                   .Attr<int64_t>("chunk_bytes"));
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_moe_dispatch, interlace::moe_dispatch_impl,
+                              bind_on_stream()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("group")
+                                  .Attr<int64_t>("moe"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_moe_combine, interlace::moe_combine_impl,
+                              bind_on_stream()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("group")
+                                  .Attr<int64_t>("moe"));
+
 namespace interlace {
 
 void register_xla_ffi(nb::module_& m) {
@@ -262,6 +325,8 @@ void register_xla_ffi(nb::module_& m) {
     d["interlace_gemm_ar"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_gemm_ar));
     d["interlace_reduce_scatter"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_reduce_scatter));
     d["interlace_all_reduce"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_all_reduce));
+    d["interlace_moe_dispatch"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_moe_dispatch));
+    d["interlace_moe_combine"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_moe_combine));
     return d;
   }, "The XLA FFI handlers (target name -> PyCapsule of an XLA_FFI_Handler*), for jax.ffi.register_ffi_target.");
 
@@ -274,6 +339,20 @@ void register_xla_ffi(nb::module_& m) {
         },
         "handle"_a, "group"_a,
         "Lets the XLA FFI handlers find `group` (a native Group, held weakly) by `handle`, the Python Group's handle.");
+
+  m.def("_register_xla_moe",
+        [](int64_t handle, MoeHandle& moe) {
+          std::lock_guard<std::mutex> lock(registry_mutex());
+          moe_registry()[handle] = &moe;
+        },
+        "handle"_a, "moe"_a,
+        "Lets the XLA FFI handlers find `moe` by `handle` until _unregister_xla_moe(handle); the caller keeps it alive.");
+  m.def("_unregister_xla_moe",
+        [](int64_t handle) {
+          std::lock_guard<std::mutex> lock(registry_mutex());
+          moe_registry().erase(handle);
+        },
+        "handle"_a);
 }
 
 }  // namespace interlace

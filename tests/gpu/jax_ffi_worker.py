@@ -1,5 +1,5 @@
 """One rank of interlace.jax under jax.jit (see test_jax_ffi_gpu.py): all_gather, gemm, ag_gemm,
-gemm_rs, gemm_ar, reduce_scatter and all_reduce as XLA FFI custom calls on XLA's stream, checked against jnp / jax.lax
+gemm_rs, gemm_ar, a MoE layer, reduce_scatter and all_reduce as XLA FFI custom calls on XLA's stream, checked against jnp / jax.lax
 references (the reductions bit for bit against the fp32 sum in rank order, rounded once). One process per GPU;
 each process's JAX sees every GPU and computes on the one its interlace group uses."""
 import os
@@ -136,6 +136,41 @@ def check_row_parallel():
     group.check()
 
 
+def check_moe():
+    """moe_dispatch, a stand-in expert (x 2, exact in bf16) and moe_combine in one jitted layer, with
+    new routing every step: each token comes back as the sum over its experts of weight x 2x, in fp32
+    in top-k order and rounded once (interlace's bits), and the experts' kept rows add up to the
+    (token, expert) pairs every rank routed here."""
+    experts, topk, hidden, tokens = 4 * WORLD, 2, 256, 64
+    local = experts // WORLD
+    moe = ij.MoeBuffers(group, num_experts=experts, topk=topk, hidden=hidden, max_tokens=tokens,
+                        capacity=tokens * WORLD)
+
+    def layer(x, idx, w):
+        expert_x, _, expert_rows = ij.moe_dispatch(x, idx, w, moe)
+        return ij.moe_combine(expert_x * 2, moe, tokens=tokens), expert_rows
+
+    layer = jax.jit(layer)
+
+    def routing(rank, step):
+        rng = np.random.default_rng(80 + step + 1000 * rank)
+        x = jnp.asarray(rng.standard_normal((tokens, hidden), dtype=np.float32), dtype=jnp.bfloat16)
+        idx = np.argsort(rng.random((tokens, experts)), axis=1)[:, :topk].astype(np.int32)
+        return x, idx, rng.random((tokens, topk), dtype=np.float32)
+
+    for step in range(3):
+        x, idx, w = routing(RANK, step)
+        out, expert_rows = layer(put(x), put(idx), put(w))
+        twice = np.asarray(x, dtype=np.float32) * 2
+        want = jnp.asarray(w[:, :1] * twice + w[:, 1:] * twice, dtype=jnp.bfloat16)
+        expect_bits(out, want, f"jit moe layer step {step}")
+        here = sum(int(((i >= RANK * local) & (i < (RANK + 1) * local)).sum())
+                   for i in (routing(q, step)[1] for q in range(WORLD)))
+        assert int(np.asarray(jax.device_get(expert_rows)).sum()) == here, \
+            f"rank {RANK}: moe step {step}: expert_rows sum to {np.asarray(expert_rows).sum()}, expected {here}"
+    group.check()
+
+
 def main():
     w = put(shard(99, K, 7, N))  # the same weight on every rank
     gather = jax.jit(lambda x: ij.all_gather(x, group))
@@ -158,6 +193,7 @@ def main():
     full = jnp.concatenate([shard(q, rows[q], 11) for q in range(WORLD)])
     check(uneven(put(shard(RANK, rows[RANK], 11)), w), reference_matmul(full, shard(99, K, 7, N)), "jit ag_gemm uneven")
     check_row_parallel()
+    check_moe()
     check_reductions()  # ends with a bad reduce_scatter call, as this ends with a bad gemm
     # An interlace.Error inside a handler comes back as a JAX error, not a crash (K not a multiple of 8).
     try:
@@ -167,7 +203,7 @@ def main():
     else:
         raise AssertionError("gemm with K = 12 did not raise")
     group.check()
-    print(f"rank {RANK}: jax.jit all_gather, gemm, ag_gemm, gemm_rs, gemm_ar, reduce_scatter, all_reduce correct "
+    print(f"rank {RANK}: jax.jit all_gather, gemm, ag_gemm, gemm_rs, gemm_ar, moe, reduce_scatter, all_reduce correct "
           f"(jax {jax.__version__})")
 
 

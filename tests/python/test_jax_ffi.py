@@ -1,5 +1,6 @@
 """interlace.jax on the CPU: the XLA FFI handlers exist in the native module, and jax.jit of
-functions calling interlace.jax.all_gather, gemm, ag_gemm, gemm_rs, gemm_ar, reduce_scatter and all_reduce traces and lowers, for the CUDA
+functions calling interlace.jax.all_gather, gemm, ag_gemm, gemm_rs, gemm_ar, reduce_scatter,
+all_reduce, moe_dispatch and moe_combine traces and lowers, for the CUDA
 platform, to stablehlo.custom_call ops with interlace's target names, attributes and result shapes.
 Lowering for CUDA needs no GPU and no CUDA plugin; running the calls does (tests/gpu/test_jax_ffi_gpu.py).
 
@@ -185,3 +186,30 @@ def test_shapes(group):
 def test_needs_an_interlace_group():
     with pytest.raises(TypeError, match="interlace.Group"):
         jax.eval_shape(lambda x: ij.all_gather(x, object()), sds((4, 8)))
+
+
+def test_register_moe_takes_only_native_handles():
+    with pytest.raises(TypeError):
+        _C._register_xla_moe(1, object())
+    _C._unregister_xla_moe(12345)  # an unknown handle: nothing to do
+
+
+def test_moe_dispatch_and_combine_lower_to_custom_calls(group):
+    from types import SimpleNamespace
+    native = SimpleNamespace(num_experts=8 * WORLD, world_size=WORLD, recv_rows=8 * 96, hidden=256)
+    buffers = ij.MoeBuffers.__new__(ij.MoeBuffers)  # a stand-in: the real one needs a GPU
+    buffers.native, buffers.group, buffers.handle = native, group, 77
+
+    def layer(x, idx, w):
+        ex, starts, rows = ij.moe_dispatch(x, idx, w, buffers)
+        return ij.moe_combine(ex * 2, buffers, tokens=x.shape[0]), starts, rows
+
+    text = lower_cuda(layer, sds((64, 256)), sds((64, 2), jnp.int32), sds((64, 2), jnp.float32))
+    calls = re.findall(r"stablehlo\.custom_call @(\w+)\(.*?mhlo\.backend_config = \{(.*?)\}.*?-> (.*)", text)
+    assert [c[0] for c in calls] == ["interlace_moe_dispatch", "interlace_moe_combine"], text
+    (_, dispatch_attrs, dispatch_results), (_, combine_attrs, combine_result) = calls
+    for attrs in (dispatch_attrs, combine_attrs):
+        assert "moe = 77 : i64" in attrs and "group = 4242 : i64" in attrs
+    assert "tensor<768x256xbf16>, tensor<8xi32>, tensor<8xi32>" in dispatch_results
+    assert "tensor<64x256xbf16>" in combine_result
+    assert group.registered and group.registered[-1][0] == 4242
