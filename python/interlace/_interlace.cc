@@ -391,7 +391,7 @@ NB_MODULE(_interlace, m) {
            int capacity_kind) {
           const MoeShape shape = moe_shape(group.world_size(), experts, topk, hidden, max_tokens, capacity, capacity_kind);
           nb::gil_scoped_release release;
-          return std::make_unique<MoeHandle>(group, shape);
+          return std::make_shared<MoeHandle>(group, shape);
         },
         "group"_a, nb::kw_only(), "experts"_a, "topk"_a, "hidden"_a, "max_tokens"_a, "capacity"_a, "capacity_kind"_a,
         nb::keep_alive<0, 1>(), "Collective: a MoeHandle with its workspace in the group's heap.");

@@ -19,11 +19,11 @@ in the symmetric heap, so all_gather takes its staged path and all_reduce its no
 
 The MoE ops keep their state in a MoeBuffers (its interlace.MoeHandle, in the group's heap, where peers
 write the receive rows); moe_dispatch copies the rows it received into its XLA output, and
-moe_combine reads what the last moe_dispatch with the same buffers left, so use one MoeBuffers per
-MoE layer, each combine after its own dispatch.
+moe_combine reads what the last moe_dispatch with the same buffers left. A combine follows its own
+dispatch by data, but nothing orders a second dispatch after the first pair's combine: give every
+dispatch/combine pair of one jitted function its own MoeBuffers (one per layer and micro-batch).
 """
 import itertools as _itertools
-import weakref as _weakref
 
 import numpy as _np
 
@@ -157,8 +157,9 @@ _next_moe_handle = _itertools.count(1)
 
 class MoeBuffers:
     """A MoE layer's interlace.MoeHandle for the JAX ops (collective to make, as the handle): the
-    handlers find it by an integer handle, registered here until this object goes. Arguments as
-    interlace.MoeHandle's; native is the handle."""
+    handlers find it by an integer handle, registered here (weakly: it lives as long as this object).
+    Arguments as interlace.MoeHandle's; native is the handle. One per dispatch/combine pair in a
+    jitted function (see the module's docstring)."""
 
     def __init__(self, group, *, num_experts, topk, hidden, max_tokens, capacity, capacity_kind="per_expert"):
         import interlace
@@ -167,9 +168,6 @@ class MoeBuffers:
         self.group = group
         self.handle = next(_next_moe_handle)
         _C._register_xla_moe(self.handle, self.native)
-        # Runs before self.native is released (weakref callbacks precede clearing the instance's
-        # dict), so no handler can find a freed handle.
-        _weakref.finalize(self, _C._unregister_xla_moe, self.handle)
 
 
 def moe_dispatch(x, topk_idx, topk_weights, buffers):

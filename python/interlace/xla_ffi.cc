@@ -49,18 +49,20 @@ std::shared_ptr<Group> group_by_handle(int64_t handle) {
   return group;
 }
 
-// MoE handles by the integer interlace.jax.MoeBuffers gives them. Raw pointers: the Python object
-// that owns a handle unregisters it before the handle is freed (weakref.finalize in jax.py).
-std::unordered_map<int64_t, MoeHandle*>& moe_registry() {
-  static auto* handles = new std::unordered_map<int64_t, MoeHandle*>();
+// MoE handles by the integer interlace.jax.MoeBuffers gives them, held weakly as groups are: a
+// handler holds a strong reference for the length of its call, so Python freeing the buffers
+// meanwhile (XLA runs handlers on its own thread) cannot free the handle under it.
+std::unordered_map<int64_t, std::weak_ptr<MoeHandle>>& moe_registry() {
+  static auto* handles = new std::unordered_map<int64_t, std::weak_ptr<MoeHandle>>();
   return *handles;
 }
 
-MoeHandle& moe_by_handle(int64_t handle) {
+std::shared_ptr<MoeHandle> moe_by_handle(int64_t handle) {
   std::lock_guard<std::mutex> lock(registry_mutex());
   auto it = moe_registry().find(handle);
-  IL_CHECK(it != moe_registry().end(), "no live interlace.jax.MoeBuffers has handle ", handle);
-  return *it->second;
+  std::shared_ptr<MoeHandle> moe = it == moe_registry().end() ? nullptr : it->second.lock();
+  IL_CHECK(moe != nullptr, "no live interlace.jax.MoeBuffers has handle ", handle, " (its buffers were freed)");
+  return moe;
 }
 
 // XLA's element type as DLPack's; interlace checks which dtypes each op accepts.
@@ -199,11 +201,11 @@ ffi::Error moe_dispatch_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer
                              int64_t group, int64_t moe) {
   return guarded([&] {
     std::shared_ptr<Group> g = group_by_handle(group);
-    MoeHandle& h = moe_by_handle(moe);
-    moe_dispatch(*g, h, view_of(x, device), view_of(topk_idx, device), view_of(topk_weights, device), stream);
-    copy_out(h.expert_x(), *expert_x, "expert_x", stream);
-    copy_out(h.expert_starts(), *expert_starts, "expert_starts", stream);
-    copy_out(h.expert_rows(), *expert_rows, "expert_rows", stream);
+    std::shared_ptr<MoeHandle> h = moe_by_handle(moe);
+    moe_dispatch(*g, *h, view_of(x, device), view_of(topk_idx, device), view_of(topk_weights, device), stream);
+    copy_out(h->expert_x(), *expert_x, "expert_x", stream);
+    copy_out(h->expert_starts(), *expert_starts, "expert_starts", stream);
+    copy_out(h->expert_rows(), *expert_rows, "expert_rows", stream);
   });
 }
 
@@ -211,7 +213,7 @@ ffi::Error moe_combine_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
                             ffi::Result<ffi::AnyBuffer> out, int64_t group, int64_t moe) {
   return guarded([&] {
     std::shared_ptr<Group> g = group_by_handle(group);
-    moe_combine(*g, moe_by_handle(moe), view_of(expert_out, device), view_of(*out, device), stream);
+    moe_combine(*g, *moe_by_handle(moe), view_of(expert_out, device), view_of(*out, device), stream);
   });
 }
 
@@ -341,18 +343,14 @@ void register_xla_ffi(nb::module_& m) {
         "Lets the XLA FFI handlers find `group` (a native Group, held weakly) by `handle`, the Python Group's handle.");
 
   m.def("_register_xla_moe",
-        [](int64_t handle, MoeHandle& moe) {
+        [](int64_t handle, std::shared_ptr<MoeHandle> moe) {
           std::lock_guard<std::mutex> lock(registry_mutex());
-          moe_registry()[handle] = &moe;
+          auto& handles = moe_registry();
+          for (auto it = handles.begin(); it != handles.end();) it = it->second.expired() ? handles.erase(it) : std::next(it);
+          handles[handle] = moe;
         },
         "handle"_a, "moe"_a,
-        "Lets the XLA FFI handlers find `moe` by `handle` until _unregister_xla_moe(handle); the caller keeps it alive.");
-  m.def("_unregister_xla_moe",
-        [](int64_t handle) {
-          std::lock_guard<std::mutex> lock(registry_mutex());
-          moe_registry().erase(handle);
-        },
-        "handle"_a);
+        "Lets the XLA FFI handlers find `moe` (a native MoeHandle, held weakly) by `handle`.");
 }
 
 }  // namespace interlace

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "interlace/base/tensor.h"
 #include "interlace/ops/moe/args.h"
@@ -27,7 +28,9 @@ namespace interlace {
 // metadata, the exchanged counts, per local expert its rows, and at home each slot's row and weight.
 // Its own symmetric allocation, not the group's scratch: other ops may run between a dispatch and
 // its combine. A dispatch overwrites what the last one with the same handle left.
-class MoeHandle {
+// enable_shared_from_this: Python owns a handle through a shared_ptr, and nanobind hands C++ that
+// same owner when Python passes it back (the XLA FFI registry keeps weak references, as for groups).
+class MoeHandle : public std::enable_shared_from_this<MoeHandle> {
  public:
   // Collective (a symmetric allocation): every rank makes its handles in the same order, with the
   // same shape (make_moe_plan checks it). The handle must not outlive the group.
