@@ -116,26 +116,28 @@ void Group::post_from_host(const ProxyRequest& request) {
 Group::~Group() {
   // Peers may still read our heap until they are done: meet them before unmapping. A peer that is
   // already gone must not turn this into a hang or an exception.
-  const bool aborted = control_host_ && control_host_->abort;
+  auto aborted = [this] { return control_host_ && control_host_->abort; };
+  bool peers_gone = aborted();
   try {
-    if (!aborted) {
+    if (!peers_gone) {
       bootstrap_->barrier();
       if (watchdog_) watchdog_->leaving_cleanly();  // else peers must take this rank's exit for a death
     }
   } catch (...) {
+    peers_gone = true;  // a peer that died before the barrier, before the watchdog said so
   }
   if (cross_node_) {
     // This GPU's kernels may have posted requests peers still wait for: let them finish and the
-    // proxy take them all before it stops (bounded; after an abort nobody waits for them).
-    if (!aborted) {
+    // proxy take them all before it stops (bounded). After an abort, or a peer gone at the barrier,
+    // nobody waits for them, and the proxy must not sit out its bound for writes to a dead peer.
+    if (!peers_gone && !aborted()) {
       try {
         DeviceGuard guard(device_);
         if (cudaDeviceSynchronize() == cudaSuccess) cross_node_->drain(options_.timeout_s);
       } catch (...) {
       }
-    } else {
-      cross_node_->abandon_writes();
     }
+    if (peers_gone || aborted()) cross_node_->abandon_writes();
     cross_node_.reset();
   }
   // The heap's teardown waits for this GPU's kernels; the watchdog stays until then, so that a
