@@ -1,46 +1,64 @@
-"""The moe benchmark's baseline on the CPU (one gloo rank): what it times must compute the MoE layer's
-dispatch and combine, in both its host-driven and its padded (graph-capturable) form, or its speedups
-mean nothing."""
-import os
-
+"""The moe benchmark's baseline on the CPU, over 2 and 3 gloo ranks: what it times must compute the
+MoE layer's dispatch and combine, in both its host-driven and its padded (graph-capturable) form, or
+its speedups mean nothing. Every rank rebuilds every rank's inputs, so its reference needs no
+communication; with more than one rank the all_to_alls and the [source][expert] -> [expert][source]
+permutation are not identities, so a swapped split list or permutation fails."""
 import pytest
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
+pytest.importorskip("torch")
 
+from interlace.bench.launch import run_scenario  # noqa: E402
 
-@pytest.fixture(scope="module")
-def gloo():
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29517")
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+WORKER = """
+import os, sys
+import torch
+import torch.distributed as dist
+from interlace.bench.moe_baseline import Baseline, routing
 
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dist.init_process_group("gloo", rank=rank, world_size=world)
+for T, H, E, k in [(64, 16, 4 * world, 2), (33, 8, 8 * world, 4), (5, 24, 2 * world, 2), (0, 8, 2 * world, 2)]:
+    L = E // world
 
-@pytest.mark.parametrize("tokens,hidden,experts,topk", [(64, 16, 8, 2), (33, 8, 16, 4), (5, 24, 4, 4)])
-def test_baseline_dispatch_and_combine_are_the_moe_layer(gloo, tokens, hidden, experts, topk):
-    from interlace.bench.moe_baseline import Baseline, routing
-    idx, weights = routing(0, tokens, experts, topk, seed=3, device="cpu")
-    x = torch.randn(tokens, hidden).to(torch.bfloat16)
-    capacity = int(torch.bincount(idx.view(-1).long(), minlength=experts).max())
-    base = Baseline(idx, weights, experts, 1, capacity)
+    def inputs(q):
+        idx, w = routing(q, T, E, k, seed=5, device="cpu")
+        x = torch.randn(T, H, generator=torch.Generator().manual_seed(100 + q)).to(torch.bfloat16)
+        return x, idx, w
+
+    every = [inputs(q) for q in range(world)]
+    x, idx, w = every[rank]
+    pad = max([int(torch.bincount(i.view(-1).long(), minlength=E).max()) for _, i, _ in every if i.numel()] + [1])
+    base = Baseline(idx, w, E, world, pad)
+    mine = [rank * L + l for l in range(L)]
+    # Per local expert, every source's tokens routed to it, source by source, in token order.
+    want = torch.cat([xq[(iq == e).any(1)] for e in mine for xq, iq, _ in every])
     rows = base.dispatch(x)
-    # Per expert, its tokens in token order.
-    want = torch.cat([x[(idx == e).any(1)] for e in range(experts)])
-    assert torch.equal(rows, want)
-    # Expert e scales its rows by e + 1; the combine is the weighted sum of each token's experts.
-    scale = torch.cat([torch.full(((idx == e).any(1).sum(),), e + 1.0) for e in range(experts)])
+    assert torch.equal(rows, want), (T, H, E, k, "dispatch")
+    # Expert e scales its rows by e + 1; each token gets the weighted sum of its experts' outputs.
+    scale = torch.cat([torch.full((int((iq == e).any(1).sum()),), e + 1.0) for e in mine for _, iq, _ in every])
     out = base.combine((rows.float() * scale[:, None]).to(torch.bfloat16))
-    ref = sum(weights[:, j:j + 1] * ((idx[:, j:j + 1] + 1).float() * x.float()).to(torch.bfloat16).float()
-              for j in range(topk))
+    ref = sum(w[:, j:j + 1] * ((idx[:, j:j + 1] + 1).float() * x.float()).to(torch.bfloat16).float()
+              for j in range(k)) if T else torch.zeros(0, H)
     torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)
-    # The padded form moves the same rows, each at (its expert, its place among the expert's rows).
-    send = x.new_zeros(experts, capacity, hidden)
+    # The padded form: source q's rows for local expert l at [q, l, :n], then the same combine.
+    send = x.new_zeros(E, pad, H)
     recv, back = torch.empty_like(send), torch.empty_like(send)
-    padded = base.padded_dispatch(x, send, recv)
-    for e in range(experts):
-        n = int((idx == e).any(1).sum())
-        assert torch.equal(padded[e, :n], x[(idx == e).any(1)])
-    padded_out = (padded.float() * torch.arange(1, experts + 1).float()[:, None, None]).to(torch.bfloat16)
-    assert torch.equal(base.padded_combine(padded_out, back), out)
+    padded = base.padded_dispatch(x, send, recv).view(world, L, pad, H)
+    for l, e in enumerate(mine):
+        for q, (xq, iq, _) in enumerate(every):
+            sel = xq[(iq == e).any(1)]
+            assert torch.equal(padded[q, l, :sel.shape[0]], sel), (T, H, E, k, "padded", q, e)
+    factor = torch.tensor([e + 1.0 for e in mine])[None, :, None, None]
+    padded_out = (padded.float() * factor).to(torch.bfloat16).view(E, pad, H)
+    assert torch.equal(base.padded_combine(padded_out, back), out), (T, H, E, k, "padded combine")
+dist.destroy_process_group()
+print("rank", rank, "of", world, "baseline correct")
+"""
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_baseline_dispatch_and_combine_are_the_moe_layer(tmp_path, world):
+    worker = tmp_path / "moe_baseline_rank.py"
+    worker.write_text(WORKER)
+    results = run_scenario(str(worker), "", world, timeout_s=120)
+    assert all(f"of {world} baseline correct" in out for _, out in results)

@@ -11,9 +11,11 @@ bit, and its combine against the baseline's (relative error). Then, in the same 
                               splits, NCCL all_to_all_single of the (token, expert) rows, permute to
                               per-expert order; the way back, then the weighted sum in fp32;
   nccl_all_to_all             all_to_all_single alone on the baseline's rows and splits: the
-                              transport the dispatch is measured against (token bytes per second);
+                              transport the dispatch is measured against (token_gbs: a logical
+                              rate, the layer's (token, expert) row bytes over the time);
 and at decode sizes, per call under CUDA-graph replay: interlace's two ops, and the baseline
-padded to the capacity (no host sync, so it can be captured; the usual capturable form).
+padded to the most rows any rank sends one expert (no host sync, so it can be captured; the usual
+capturable form).
 The expert stand-in is the identity: the fused grouped GEMMs are not built, so the issue's bars on
 dispatch+GEMM1 and GEMM2+combine cannot be measured yet; the rows hold what can."""
 
@@ -51,11 +53,14 @@ def run_config(name, group, rank, world):
     g = torch.Generator(device="cuda").manual_seed(7 + rank)
     x = torch.randn(tokens, hidden, generator=g, device="cuda").to(torch.bfloat16)
     idx, weights = routing(rank, tokens, experts, topk, seed=len(name))
-    # The capacity this routing needs per expert (every rank's counts), so nothing is dropped.
+    # The capacity this routing needs per expert (every rank's counts), so nothing is dropped; the
+    # padded baseline needs only the most any one source sends an expert.
     counts = torch.bincount(idx.view(-1).long(), minlength=experts)
+    most_from_one = counts.max().clone()
+    dist.all_reduce(most_from_one, op=dist.ReduceOp.MAX)
     dist.all_reduce(counts)
     capacity = int(counts.max())
-    base = Baseline(idx, weights, experts, world, capacity)
+    base = Baseline(idx, weights, experts, world, int(most_from_one))
     handle = interlace.MoeHandle(group, num_experts=experts, topk=topk, hidden=hidden, max_tokens=tokens,
                                  capacity=capacity)
 
@@ -89,7 +94,7 @@ def run_config(name, group, rank, world):
     methods["nccl_all_to_all"] = lambda: dist.all_to_all_single(a2a_out, a2a_in, recv_splits, send_splits)
     graphed, skipped = set(), {}
     if tokens <= 128:
-        send = x.new_zeros(experts, capacity, hidden)
+        send = x.new_zeros(experts, base.C, hidden)
         recv = torch.empty_like(send)
         back = torch.empty_like(send)
         padded = {"baseline_padded_dispatch_graph": lambda: base.padded_dispatch(x, send, recv),
@@ -105,7 +110,9 @@ def run_config(name, group, rank, world):
     ms = common.time_collective(methods, FLAGS.warmup, FLAGS.iters)
     group.check()
     us = {label: t * 1e3 / (CALLS_PER_GRAPH if label in graphed else 1) for label, t in ms.items()}
-    # Token bytes: the (token, expert) rows the layer delivers, summed over ranks.
+    # A logical rate, not link bandwidth: the (token, expert) rows the layer delivers, self-routed ones
+    # included, over the time. interlace moves a token once per destination rank, the baseline once per
+    # (token, expert), so the same numerator compares how fast each delivers the layer's input.
     pair_bytes = torch.tensor([tokens * topk * hidden * 2], device="cuda", dtype=torch.float64)
     dist.all_reduce(pair_bytes)
     return {"config": name, "tokens": tokens, "hidden": hidden, "experts": experts, "topk": topk,

@@ -18,9 +18,11 @@ class Baseline:
     """The host-driven pipeline, for one routing: dispatch() and combine(expert_out) as a framework
     MoE layer does them, plus the padded (capturable) form for decode."""
 
-    def __init__(self, idx, weights, experts, world, capacity):
+    def __init__(self, idx, weights, experts, world, pad_rows):
+        """pad_rows: the padded form's rows per (source, expert), at least the most any rank routes
+        to one expert."""
         self.T, self.k = idx.shape
-        self.E, self.W, self.L, self.C = experts, world, experts // world, capacity
+        self.E, self.W, self.L, self.C = experts, world, experts // world, pad_rows
         self.idx, self.weights = idx.long(), weights
         flat = self.idx.view(-1)
         self.order = torch.argsort(flat, stable=True)  # (token, j) pairs by expert: destination, then token
@@ -59,7 +61,7 @@ class Baseline:
         return self.weighted_sum(pairs)
 
     def weighted_sum(self, pairs):
-        y = pairs.view(self.T, self.k, -1).float()
+        y = pairs.view(self.T, self.k, pairs.shape[-1]).float()
         acc = y[:, 0] * self.weights[:, :1]
         for j in range(1, self.k):  # in top-k order, as interlace sums
             acc = acc + y[:, j] * self.weights[:, j:j + 1]
