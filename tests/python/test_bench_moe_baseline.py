@@ -51,6 +51,11 @@ for T, H, E, k in [(64, 16, 4 * world, 2), (33, 8, 8 * world, 4), (5, 24, 2 * wo
     factor = torch.tensor([e + 1.0 for e in mine])[None, :, None, None]
     padded_out = (padded.float() * factor).to(torch.bfloat16).view(E, pad, H)
     assert torch.equal(base.padded_combine(padded_out, back), out), (T, H, E, k, "padded combine")
+    # The de-duplicated transport: each of this rank's tokens once to each rank holding any of its experts.
+    tokens, send, recv = base.unique_transport()
+    want_tokens = [t for d in range(world) for t in range(T) if any(int(e) // L == d for e in idx[t])]
+    assert tokens.tolist() == want_tokens and sum(send) == len(want_tokens), (T, H, E, k, "unique")
+    assert recv == [sum(1 for t in range(T) if any(int(e) // L == rank for e in iq[t])) for _, iq, _ in every]
 dist.destroy_process_group()
 print("rank", rank, "of", world, "baseline correct")
 """

@@ -33,6 +33,19 @@ class Baseline:
         first = torch.cumsum(self.sent_per_expert, 0) - self.sent_per_expert
         self.pad_slot = sorted_e * self.C + (torch.arange(flat.numel(), device=flat.device) - first[sorted_e])
 
+    def unique_transport(self):
+        """What a de-duplicating dispatch moves: each token once to each rank that holds any of its
+        experts, in destination then token order. Returns (token indices to send, send splits, receive
+        splits); collective (exchanges the counts once, at setup)."""
+        to_rank = torch.zeros(self.T, self.W, dtype=torch.bool, device=self.idx.device)
+        if self.T:
+            to_rank.scatter_(1, torch.div(self.idx, self.L, rounding_mode="floor"), True)
+        dest, token = to_rank.t().nonzero(as_tuple=True)  # destination-major, tokens ascending
+        send = torch.bincount(dest, minlength=self.W)
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send)
+        return token, send.tolist(), recv.tolist()
+
     def exchange_counts(self):
         recv = torch.empty_like(self.sent_per_expert)
         dist.all_to_all_single(recv, self.sent_per_expert)  # [source, local expert]
