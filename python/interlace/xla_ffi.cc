@@ -1,5 +1,6 @@
 // XLA FFI handlers: what interlace.jax's ops lower to under jax.jit. XLA calls them on its own
-// stream with its own buffers (row-major, dense), so nothing is copied and nothing synchronizes.
+// stream with its own buffers (row-major, dense), so nothing synchronizes and nothing is copied but
+// moe_dispatch's received rows (they live in the heap, where peers write them).
 //
 // A handler gets its group as an int64 attribute, the Python Group's handle (_group.py), and finds
 // the native Group in a map of weak references that interlace.jax fills when it traces an op
@@ -31,36 +32,46 @@ using namespace nb::literals;
 namespace interlace {
 namespace {
 
-std::mutex& registry_mutex() {
-  static std::mutex m;
-  return m;
+// What the handlers find by an integer attribute (a Python Group's handle, an interlace.jax
+// MoeBuffers' handle), held weakly: a handler holds a strong reference for the length of its call,
+// since XLA runs handlers on its own thread while Python may free the object meanwhile.
+template <class T>
+class WeakRegistry {
+ public:
+  void add(int64_t id, std::shared_ptr<T> object) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = objects_.begin(); it != objects_.end();) it = it->second.expired() ? objects_.erase(it) : std::next(it);
+    objects_[id] = std::move(object);
+  }
+  std::shared_ptr<T> find(int64_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = objects_.find(id);
+    return it == objects_.end() ? nullptr : it->second.lock();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<int64_t, std::weak_ptr<T>> objects_;
+};
+
+WeakRegistry<Group>& groups() {
+  static auto* registry = new WeakRegistry<Group>();
+  return *registry;
 }
 
-std::unordered_map<int64_t, std::weak_ptr<Group>>& registry() {
-  static auto* groups = new std::unordered_map<int64_t, std::weak_ptr<Group>>();
-  return *groups;
+WeakRegistry<MoeHandle>& moe_handles() {
+  static auto* registry = new WeakRegistry<MoeHandle>();
+  return *registry;
 }
 
 std::shared_ptr<Group> group_by_handle(int64_t handle) {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  auto it = registry().find(handle);
-  std::shared_ptr<Group> group = it == registry().end() ? nullptr : it->second.lock();
+  std::shared_ptr<Group> group = groups().find(handle);
   if (!group) IL_FAIL("no live interlace.Group has handle ", handle, " (the group was freed, or never used from interlace.jax)");
   return group;
 }
 
-// MoE handles by the integer interlace.jax.MoeBuffers gives them, held weakly as groups are: a
-// handler holds a strong reference for the length of its call, so Python freeing the buffers
-// meanwhile (XLA runs handlers on its own thread) cannot free the handle under it.
-std::unordered_map<int64_t, std::weak_ptr<MoeHandle>>& moe_registry() {
-  static auto* handles = new std::unordered_map<int64_t, std::weak_ptr<MoeHandle>>();
-  return *handles;
-}
-
 std::shared_ptr<MoeHandle> moe_by_handle(int64_t handle) {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  auto it = moe_registry().find(handle);
-  std::shared_ptr<MoeHandle> moe = it == moe_registry().end() ? nullptr : it->second.lock();
+  std::shared_ptr<MoeHandle> moe = moe_handles().find(handle);
   IL_CHECK(moe != nullptr, "no live interlace.jax.MoeBuffers has handle ", handle, " (its buffers were freed)");
   return moe;
 }
@@ -333,22 +344,12 @@ void register_xla_ffi(nb::module_& m) {
   }, "The XLA FFI handlers (target name -> PyCapsule of an XLA_FFI_Handler*), for jax.ffi.register_ffi_target.");
 
   m.def("_register_xla_group",
-        [](int64_t handle, std::shared_ptr<Group> group) {
-          std::lock_guard<std::mutex> lock(registry_mutex());
-          auto& groups = registry();
-          for (auto it = groups.begin(); it != groups.end();) it = it->second.expired() ? groups.erase(it) : std::next(it);
-          groups[handle] = group;
-        },
+        [](int64_t handle, std::shared_ptr<Group> group) { groups().add(handle, std::move(group)); },
         "handle"_a, "group"_a,
         "Lets the XLA FFI handlers find `group` (a native Group, held weakly) by `handle`, the Python Group's handle.");
 
   m.def("_register_xla_moe",
-        [](int64_t handle, std::shared_ptr<MoeHandle> moe) {
-          std::lock_guard<std::mutex> lock(registry_mutex());
-          auto& handles = moe_registry();
-          for (auto it = handles.begin(); it != handles.end();) it = it->second.expired() ? handles.erase(it) : std::next(it);
-          handles[handle] = moe;
-        },
+        [](int64_t handle, std::shared_ptr<MoeHandle> moe) { moe_handles().add(handle, std::move(moe)); },
         "handle"_a, "moe"_a,
         "Lets the XLA FFI handlers find `moe` (a native MoeHandle, held weakly) by `handle`.");
 }
