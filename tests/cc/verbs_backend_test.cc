@@ -380,6 +380,24 @@ TEST(ProxyTeardown, GivesUpOnCompletionsThatNeverComeAtTheBound) {
   EXPECT_EQ(log.unpolled_when_destroyed, 8u);
 }
 
+// A write still out counts as traffic (ProxyBackend::progress), so the proxy keeps polling for its
+// completion without pause instead of sleeping between rounds; once it completes, nothing moves.
+TEST(ProxyTeardown, ProgressReportsWritesStillOut) {
+  for (const auto& [name, make] : {std::pair<const char*, MakeBackend>{"rc", rc}, {"srd", srd}}) {
+    SCOPED_TRACE(name);
+    NicLog log;
+    TardyNic nic(log, std::chrono::milliseconds(100));
+    std::unique_ptr<ProxyBackend> backend = make(nic);
+    EXPECT_FALSE(backend->progress()) << "nothing posted, nothing moved";
+    ASSERT_TRUE(backend->post(ProxyWrite{1, 0, 0, 8, kFlag, 1}));
+    EXPECT_TRUE(backend->progress()) << "a write is out before its completion comes";
+    const auto start = Clock::now();
+    while (backend->outstanding() > 0 && seconds_since(start) < 10) backend->progress();
+    EXPECT_EQ(backend->outstanding(), 0u);
+    EXPECT_FALSE(backend->progress()) << "all completed: nothing to poll for";
+  }
+}
+
 // After an abort no peer waits for the writes: teardown stops at once, whatever is still out.
 TEST(ProxyTeardown, AfterAnAbortDoesNotWaitForWritesInFlight) {
   NicLog log;

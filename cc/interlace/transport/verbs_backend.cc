@@ -45,7 +45,7 @@ bool RcBackend::progress() {
     retire(outstanding_, done[i]);
     if (!done[i].ok && failure_.empty()) failure_ = failed_completion(my_rank_, done[i]);
   }
-  return n > 0;
+  return n > 0 || outstanding_ > 0;  // writes out: keep polling for their completions
 }
 
 SrdBackend::SrdBackend(int my_rank, Verbs& verbs, FlagSink sink, int receive_slots)
@@ -89,7 +89,7 @@ bool SrdBackend::progress() {
     }
   }
   if (received) verbs_.post_receives(received);  // each write with immediate used up a slot
-  return n > 0;
+  return n > 0 || outstanding_ > 0;  // writes out: keep polling for their completions
 }
 
 }  // namespace interlace
