@@ -22,6 +22,11 @@ def current_stream(*tensors) -> int:
         m = _module(t)
         if m == "torch" and t.device.type == "cuda":
             torch = sys.modules["torch"]
+            # The raw handle (what torch's inductor asks for) costs no Stream object per call: eager
+            # calls pay this on every op. torch builds without CUDA lack it, and so need the other way.
+            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+            if raw is not None:
+                return raw(t.device.index)
             return torch.cuda.current_stream(t.device).cuda_stream
         if m == "cupy":
             cupy = sys.modules["cupy"]

@@ -54,6 +54,25 @@ def test_torch_tensors_off_the_gpu_have_no_stream():
     assert _frameworks.current_stream(torch.zeros(4), torch.zeros(4)) == 0
 
 
+class FakeTorchTensor:
+    """Looks like a torch.Tensor on cuda:3 to _frameworks."""
+    __module__ = "torch"
+    device = types.SimpleNamespace(type="cuda", index=3)
+
+
+def test_torch_stream_is_the_raw_current_stream_of_the_tensors_gpu(monkeypatch):
+    torch = types.ModuleType("torch")
+    asked = []
+    torch._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda index: asked.append(index) or 0xBEEF)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    assert _frameworks.current_stream(object(), FakeTorchTensor()) == 0xBEEF
+    assert asked == [3]
+    # A torch without the raw getter: its Stream object's handle, for the same device.
+    torch._C = types.SimpleNamespace()
+    torch.cuda = types.SimpleNamespace(current_stream=lambda device: types.SimpleNamespace(cuda_stream=device.index + 7))
+    assert _frameworks.current_stream(FakeTorchTensor()) == 10
+
+
 def test_cupy_exports_without_stream_handshake(monkeypatch):
     fake_cupy(monkeypatch)
     x = FakeArray()
