@@ -17,7 +17,8 @@ from interlace._interlace import Bootstrap, Error, gpu_count
 from interlace import _interlace as _C
 
 __all__ = ["Bootstrap", "Error", "Group", "MoeHandle", "ag_gemm", "all_gather", "all_reduce", "gemm", "gemm_ar",
-           "gemm_rs", "gpu_count", "init", "moe_combine", "moe_dispatch", "moe_no_drop_capacity", "reduce_scatter"]
+           "gemm_rs", "gpu_count", "init", "moe_combine", "moe_dispatch", "moe_no_drop_capacity", "reduce_scatter",
+           "ring_attention_shard", "ring_attention_unshard"]
 __version__ = "0.1.0"
 
 
@@ -288,3 +289,30 @@ def moe_combine(expert_out, handle, group, *, out, stream=None):
         stream = _frameworks.current_stream(out, expert_out)
     _C.moe_combine(_frameworks.as_dlpack(expert_out), _frameworks.as_dlpack(out), handle, native, stream=stream)
     return out
+
+
+def _along(x, dim, start, rows):
+    return x[(slice(None),) * dim + (slice(start, start + rows),)]
+
+
+def ring_attention_shard(x, rank, world_size, *, dim=1):
+    """Rank `rank`'s share of x under ring attention's load-balanced (zigzag) sharding: the sequence
+    (x's axis dim, S rows, any S) cut into 2 x world_size contiguous chunks, the first S % (2W) of
+    them one row longer; the rank holds chunk rank, then chunk 2W-1-rank, so that under a causal
+    mask every rank has the same work. x: the whole sequence, any framework's array (torch, JAX,
+    CuPy, NumPy), e.g. [B, S, H, D]. Returns a new array of the rank's rows."""
+    ranks = _C._ring_attention_ranges(x.shape[dim], world_size)
+    if not 0 <= rank < world_size:
+        raise Error(f"ring_attention_shard: rank {rank} out of range for {world_size} ranks")
+    ranges = ranks[rank]
+    halves = [_along(x, dim, ranges[3 * h], ranges[3 * h + 2]) for h in (0, 1)]
+    return _frameworks.concatenate(halves, dim)
+
+
+def ring_attention_unshard(x, world_size, *, dim=1):
+    """The inverse of ring_attention_shard: x holds every rank's shard stacked in rank order along dim
+    (an all_gather of the shards, S rows in all); returns the sequence in its global order."""
+    ranks = _C._ring_attention_ranges(x.shape[dim], world_size)
+    # (global start, sharded start, rows) of every chunk, put back in global order.
+    chunks = sorted((r[3 * h], r[3 * h + 1], r[3 * h + 2]) for r in ranks for h in (0, 1))
+    return _frameworks.concatenate([_along(x, dim, start, rows) for _, start, rows in chunks], dim)

@@ -66,3 +66,17 @@ def dtype_name(dtype) -> str:
         return name
     text = str(dtype)  # torch.bfloat16
     return text.split(".", 1)[1] if text.startswith("torch.") else text
+
+
+def concatenate(parts, axis: int):
+    """parts joined along axis, by the framework of parts[0]: torch.cat, or the concatenate of jax.numpy,
+    CuPy or NumPy (the array API name)."""
+    m = _module(parts[0])
+    if m == "torch":
+        return sys.modules["torch"].cat(list(parts), dim=axis)
+    if m in ("jax", "jaxlib"):
+        return sys.modules["jax"].numpy.concatenate(list(parts), axis=axis)
+    if m == "cupy":
+        return sys.modules["cupy"].concatenate(list(parts), axis=axis)
+    import numpy
+    return numpy.concatenate(list(parts), axis=axis)

@@ -13,6 +13,7 @@
 #include "interlace/api/interlace.h"
 #include "interlace/base/cuda.h"
 #include "interlace/gemm/args.h"
+#include "interlace/ops/ring_attention/plan.h"
 #include "interlace/runtime/cross_node_choice.h"
 
 namespace nb = nanobind;
@@ -437,6 +438,25 @@ NB_MODULE(_interlace, m) {
         "expert_out"_a.noconvert(), "out"_a.noconvert(), nb::kw_only(), "world_size"_a, "experts"_a, "topk"_a,
         "hidden"_a, "max_tokens"_a, "capacity"_a, "capacity_kind"_a, "tokens"_a, "device"_a,
         "The checks moe_combine makes before any GPU work, without a group (for tests).");
+
+  m.def("_ring_attention_ranges",
+        [](int64_t seq, int world_size) {
+          // Per rank, its two halves (chunk r, then chunk 2W-1-r) as (global start, sharded start, rows):
+          // the plan's zigzag, so that shard and unshard agree with the kernels by construction.
+          make_ring_attention_plan(world_size, 0, seq, true, 1, 1);  // raises on a bad world size or length
+          std::vector<std::vector<int64_t>> ranks;
+          for (int r = 0; r < world_size; ++r) {
+            const RingAttentionPlan plan = make_ring_attention_plan(world_size, r, seq, true, 1, 1);
+            std::vector<int64_t> halves;
+            for (int h = 0; h < 2; ++h) {
+              const RingChunkRange c = plan.range(r, h);
+              halves.insert(halves.end(), {c.global_start, c.sharded_start, c.rows});
+            }
+            ranks.push_back(halves);
+          }
+          return ranks;
+        },
+        "seq"_a, "world_size"_a);
 
   m.def("_moe_no_drop_capacity",
         [](int world_size, int64_t experts, int topk, int64_t max_tokens, int capacity_kind) {
