@@ -128,16 +128,19 @@ Group::~Group() {
   }
   if (cross_node_) {
     // This GPU's kernels may have posted requests peers still wait for: let them finish and the
-    // proxy take them all before it stops (bounded). After an abort, or a peer gone at the barrier,
-    // nobody waits for them, and the proxy must not sit out its bound for writes to a dead peer.
-    if (!peers_gone && !aborted()) {
+    // proxy take them all before it stops (bounded). After an abort (seen now, or during the drain),
+    // or a peer gone at the barrier, nobody waits for them, and the proxy must not sit out its bound
+    // for writes to a dead peer.
+    peers_gone = peers_gone || aborted();
+    if (!peers_gone) {
       try {
         DeviceGuard guard(device_);
         if (cudaDeviceSynchronize() == cudaSuccess) cross_node_->drain(options_.timeout_s);
       } catch (...) {
       }
+      peers_gone = aborted();
     }
-    if (peers_gone || aborted()) cross_node_->abandon_writes();
+    if (peers_gone) cross_node_->abandon_writes();
     cross_node_.reset();
   }
   // The heap's teardown waits for this GPU's kernels; the watchdog stays until then, so that a
