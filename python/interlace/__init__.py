@@ -16,7 +16,8 @@ from interlace._group import Group, native as _native
 from interlace._interlace import Bootstrap, Error, gpu_count
 from interlace import _interlace as _C
 
-__all__ = ["Bootstrap", "Error", "Group", "MoeHandle", "ag_gemm", "all_gather", "all_reduce", "gemm", "gemm_ar",
+__all__ = ["Bootstrap", "Error", "Group", "MoeHandle", "ag_gemm", "all_gather", "all_reduce", "attention", "gemm",
+           "gemm_ar",
            "gemm_rs", "gpu_count", "init", "moe_combine", "moe_dispatch", "moe_no_drop_capacity", "reduce_scatter",
            "ring_attention_shard", "ring_attention_unshard"]
 __version__ = "0.1.0"
@@ -132,6 +133,24 @@ def gemm(a, b, out, *, stream=None, band_m=0, tile_n=0, cluster_m=0, pingpong=Tr
         stream = _frameworks.current_stream(out, a, b)
     _C.gemm(_frameworks.as_dlpack(a), _frameworks.as_dlpack(b), _frameworks.as_dlpack(out), stream=stream,
             band_m=band_m, tile_n=tile_n, cluster_m=cluster_m, pingpong=pingpong)
+
+
+def attention(q, k, v, out, *, causal=False, softmax_scale=None, lse=None, stream=None):
+    """out = softmax(q k^T * softmax_scale) v on one GPU with interlace's Hopper attention engine, the
+    compute ring attention runs per block. q and out are [B, S_q, Hq, D], k and v [B, S_k, Hkv, D], all
+    contiguous, bf16 or fp16 alike; D is 64 or 128 and Hq a multiple of Hkv (grouped-query attention:
+    query head h reads KV head h // (Hq // Hkv)). Any sequence lengths. causal: query i sees keys 0..i
+    (needs S_q == S_k). softmax_scale defaults to 1 / sqrt(D). lse, if given, float32 [B, Hq, S_q],
+    receives each query's log-sum-exp of its scaled scores (natural log), which a backward pass needs.
+    fp32 softmax and accumulation. Stream-ordered, graph-capturable; raises interlace.Error before any
+    GPU work on bad arguments."""
+    if _frameworks.is_jax(out):
+        raise TypeError("JAX arrays are immutable: interlace.attention writes into out")
+    if stream is None:
+        stream = _frameworks.current_stream(out, q, k, v)
+    _C.attention(_frameworks.as_dlpack(q), _frameworks.as_dlpack(k), _frameworks.as_dlpack(v),
+                 _frameworks.as_dlpack(out), lse=None if lse is None else _frameworks.as_dlpack(lse), causal=causal,
+                 softmax_scale=0.0 if softmax_scale is None else float(softmax_scale), stream=stream)
 
 
 def ag_gemm(a_shard, b, out, group, *, gathered=None, shard_rows=None, stream=None, chunk_rows=0, band_m=0, tile_n=0,

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "interlace/api/interlace.h"
+#include "interlace/attention/args.h"
 #include "interlace/base/cuda.h"
 #include "interlace/gemm/args.h"
 #include "interlace/ops/ring_attention/plan.h"
@@ -357,6 +358,18 @@ NB_MODULE(_interlace, m) {
         "a"_a.noconvert(), "b"_a.noconvert(), "out"_a.noconvert(), nb::kw_only(), "stream"_a, "band_m"_a = 0,
         "tile_n"_a = 0, "cluster_m"_a = 0, "pingpong"_a = true);
 
+  m.def("attention",
+        [](nb::ndarray<nb::ro> q, nb::ndarray<nb::ro> k, nb::ndarray<nb::ro> v, nb::ndarray<> out,
+           std::optional<nb::ndarray<>> lse, bool causal, double softmax_scale, uintptr_t stream) {
+          TensorView vq = view_of(q), vk = view_of(k), vv = view_of(v), vo = view_of(out);
+          std::optional<TensorView> vl;
+          if (lse) vl = view_of(*lse);
+          nb::gil_scoped_release release;
+          attention(vq, vk, vv, vo, vl ? &*vl : nullptr, causal, softmax_scale, reinterpret_cast<cudaStream_t>(stream));
+        },
+        "q"_a.noconvert(), "k"_a.noconvert(), "v"_a.noconvert(), "out"_a.noconvert(), nb::kw_only(),
+        "lse"_a.noconvert() = nb::none(), "causal"_a = false, "softmax_scale"_a = 0.0, "stream"_a);
+
   // MoE: a handle per shape (its workspace in the heap), then dispatch / combine with it. capacity_kind:
   // a MoeCapacityKind (0 per expert, 1 per rank); Python passes names.
   nb::class_<MoeHandle>(m, "MoeHandle",
@@ -471,6 +484,20 @@ NB_MODULE(_interlace, m) {
         },
         "a"_a.noconvert(), "b"_a.noconvert(), "out"_a.noconvert(), nb::kw_only(), "device"_a,
         "The checks gemm makes before any GPU work, without a GPU (for tests): returns (M, N, K, b_k_major).");
+
+  m.def("_check_attention_args",
+        [](nb::ndarray<nb::ro> q, nb::ndarray<nb::ro> k, nb::ndarray<nb::ro> v, nb::ndarray<> out,
+           std::optional<nb::ndarray<>> lse, bool causal, double softmax_scale, int device) {
+          std::optional<TensorView> vl;
+          if (lse) vl = view_of(*lse);
+          AttentionProblem p = check_attention_args(view_of(q), view_of(k), view_of(v), view_of(out), vl ? &*vl : nullptr,
+                                                    causal, softmax_scale, device);
+          return nb::make_tuple(p.batch, p.seq_q, p.seq_k, p.heads_q, p.heads_kv, p.head_dim, p.softmax_scale);
+        },
+        "q"_a.noconvert(), "k"_a.noconvert(), "v"_a.noconvert(), "out"_a.noconvert(), nb::kw_only(),
+        "lse"_a.noconvert() = nb::none(), "causal"_a = false, "softmax_scale"_a = 0.0, "device"_a,
+        "The checks attention makes before any GPU work, without a GPU (for tests): returns (B, S_q, S_k, Hq, Hkv, "
+        "D, softmax_scale).");
 
   m.def("_check_all_gather_args",
         [](nb::ndarray<> out, nb::ndarray<nb::ro> inp, int world_size, int device) {

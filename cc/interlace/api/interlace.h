@@ -10,8 +10,9 @@
 //   group.check();                              // raises if a peer never arrived
 #pragma once
 
-#include "interlace/base/tensor.h"
+#include "interlace/attention/attention.h"
 #include "interlace/base/error.h"
+#include "interlace/base/tensor.h"
 #include "interlace/gemm/gemm.h"
 #include "interlace/ops/ag_gemm/launch.h"
 #include "interlace/ops/all_gather/launch.h"

@@ -1,5 +1,7 @@
 #include "interlace/base/tensor.h"
 
+#include <cstdint>
+
 #include "interlace/base/error.h"
 
 namespace interlace {
@@ -11,13 +13,18 @@ int64_t TensorView::numel() const {
 }
 
 bool TensorView::contiguous() const {
-  if (strides.empty()) return true;
+  if (strides.empty() || numel() == 0) return true;  // an empty tensor's strides say nothing
   int64_t expected = 1;
   for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) {
     if (shape[i] != 1 && strides[i] != expected) return false;
     expected *= shape[i];
   }
   return true;
+}
+
+bool bytes_overlap(const TensorView& a, const TensorView& b) {
+  const auto lo_a = reinterpret_cast<uintptr_t>(a.data), lo_b = reinterpret_cast<uintptr_t>(b.data);
+  return a.nbytes() > 0 && b.nbytes() > 0 && lo_a < lo_b + b.nbytes() && lo_b < lo_a + a.nbytes();
 }
 
 std::string TensorView::dtype_name() const {

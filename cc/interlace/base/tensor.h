@@ -25,4 +25,7 @@ struct TensorView {
   std::string device_string() const;
 };
 
+// Whether two dense (C-contiguous) tensors share a byte; a tensor without elements shares none.
+bool bytes_overlap(const TensorView& a, const TensorView& b);
+
 }  // namespace interlace

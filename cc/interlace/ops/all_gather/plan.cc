@@ -11,15 +11,6 @@ AllGatherPlan plan_all_gather(uint64_t bytes_per_rank, int resident_blocks, AllG
   return plan_chunks("all_gather", bytes_per_rank, resident_blocks, tuning.num_blocks, tuning.chunk_bytes);
 }
 
-namespace {
-
-bool overlaps(const TensorView& a, const TensorView& b) {
-  const auto lo_a = reinterpret_cast<uintptr_t>(a.data), lo_b = reinterpret_cast<uintptr_t>(b.data);
-  return a.nbytes() > 0 && b.nbytes() > 0 && lo_a < lo_b + b.nbytes() && lo_b < lo_a + a.nbytes();
-}
-
-}  // namespace
-
 void check_all_gather_args(const TensorView& out, const TensorView& inp, int world_size, int device) {
   IL_CHECK(out.dtype.code == inp.dtype.code && out.dtype.bits == inp.dtype.bits && out.dtype.lanes == inp.dtype.lanes,
            "all_gather: out has dtype ", out.dtype_name(), " but inp has ", inp.dtype_name(), "; they must match");
@@ -37,7 +28,7 @@ void check_all_gather_args(const TensorView& out, const TensorView& inp, int wor
            inp.device_string(), " but the group's GPU is cuda:", device);
   IL_CHECK(out.device.device_type == kDLCUDA && out.device.device_id == device, "all_gather: out is on ",
            out.device_string(), " but the group's GPU is cuda:", device);
-  IL_CHECK(!overlaps(out, inp), "all_gather: out and inp overlap; they must be separate memory");
+  IL_CHECK(!bytes_overlap(out, inp), "all_gather: out and inp overlap; they must be separate memory");
 }
 
 }  // namespace interlace

@@ -16,10 +16,6 @@ void check_placed(const char* op, const char* name, const TensorView& t, int dev
            "-byte aligned; it starts at byte ", reinterpret_cast<uintptr_t>(t.data) % align, " of ", align);
 }
 
-bool overlaps(const TensorView& a, const TensorView& b) {
-  const auto lo_a = reinterpret_cast<uintptr_t>(a.data), lo_b = reinterpret_cast<uintptr_t>(b.data);
-  return a.nbytes() > 0 && b.nbytes() > 0 && lo_a < lo_b + b.nbytes() && lo_b < lo_a + a.nbytes();
-}
 
 }  // namespace
 
@@ -72,7 +68,7 @@ void check_moe_combine_args(const TensorView& expert_out, const TensorView& out,
            "; it must be [", tokens, ", ", hidden, "], the dispatch's tokens on this rank");
   check_placed(op, "expert_out", expert_out, device);
   check_placed(op, "out", out, device);
-  IL_CHECK(!overlaps(expert_out, out), op, ": expert_out and out overlap; they must be separate memory");
+  IL_CHECK(!bytes_overlap(expert_out, out), op, ": expert_out and out overlap; they must be separate memory");
 }
 
 }  // namespace interlace

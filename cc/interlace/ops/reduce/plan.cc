@@ -97,10 +97,6 @@ bool same_dtype(const TensorView& a, const TensorView& b) {
   return a.dtype.code == b.dtype.code && a.dtype.bits == b.dtype.bits && a.dtype.lanes == b.dtype.lanes;
 }
 
-bool overlaps(const TensorView& a, const TensorView& b) {
-  const auto lo_a = reinterpret_cast<uintptr_t>(a.data), lo_b = reinterpret_cast<uintptr_t>(b.data);
-  return a.nbytes() > 0 && b.nbytes() > 0 && lo_a < lo_b + b.nbytes() && lo_b < lo_a + a.nbytes();
-}
 
 // What both ops require of each tensor on its own.
 void check_tensor(const char* op, const char* name, const TensorView& t, int device) {
@@ -131,7 +127,7 @@ void check_reduce_scatter_args(const TensorView& out, const TensorView& inp, int
   IL_CHECK(stacked || concatenated || flat, "reduce_scatter: inp has shape ", inp.shape_string(), " but out has ",
            out.shape_string(), "; with world_size ", world_size, " inp must be [", world_size, " * out.shape[0], ",
            "*out.shape[1:]], [", world_size, ", *out.shape] or flat with ", world_size, " x out's elements");
-  IL_CHECK(!overlaps(out, inp), "reduce_scatter: out and inp overlap; they must be separate memory");
+  IL_CHECK(!bytes_overlap(out, inp), "reduce_scatter: out and inp overlap; they must be separate memory");
 }
 
 void check_all_reduce_args(const TensorView& out, const TensorView& inp, int device) {
@@ -142,7 +138,7 @@ void check_all_reduce_args(const TensorView& out, const TensorView& inp, int dev
   IL_CHECK(out.shape == inp.shape, "all_reduce: out has shape ", out.shape_string(), " but inp has ",
            inp.shape_string(), "; they must match");
   // In place is safe: each CTA reads a chunk of inp before anything writes that chunk of out (kernel.cuh).
-  IL_CHECK(out.data == inp.data || !overlaps(out, inp),
+  IL_CHECK(out.data == inp.data || !bytes_overlap(out, inp),
            "all_reduce: out and inp overlap without being the same memory; pass separate tensors, or the same "
            "tensor twice to reduce in place");
 }
