@@ -271,15 +271,37 @@ void Group::free(size_t offset) {
 
 size_t Group::scratch(size_t bytes, const char* what, bool capturing) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
-  if (bytes > scratch_bytes_) {
-    if (scratch_bytes_ && !scratch_captured_) heap_->allocator().free(scratch_offset_);
-    scratch_bytes_ = 0;
-    scratch_captured_ = false;
-    scratch_offset_ = heap_->allocator().allocate(bytes, what, /*from_top=*/true);
-    scratch_bytes_ = bytes;
+  if (bytes > scratch_.bytes) {
+    if (!scratch_grown_) {
+      scratch_before_ = scratch_;
+      scratch_grown_ = true;
+      if (scratch_.bytes && !scratch_.captured) heap_->allocator().free(scratch_.offset);
+    } else if (scratch_.bytes) {
+      heap_->allocator().free(scratch_.offset);  // grown twice in one call: the first never ran
+    }
+    scratch_ = ScratchBlock{};  // should the allocation raise, the rollback finds no new block
+    scratch_ = ScratchBlock{heap_->allocator().allocate(bytes, what, /*from_top=*/true), bytes, false};
   }
-  scratch_captured_ = scratch_captured_ || capturing;
-  return scratch_offset_;
+  scratch_.captured = scratch_.captured || capturing;
+  return scratch_.offset;
+}
+
+void Group::commit_scratch() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  scratch_grown_ = false;
+}
+
+// The freed block comes back where it was: the allocator is deterministic, and the free space is as
+// it was before the growth (nothing else allocates in between: the call holds the group's lock).
+void Group::rollback_scratch() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (!scratch_grown_) return;
+  scratch_grown_ = false;
+  if (scratch_.bytes) heap_->allocator().free(scratch_.offset);
+  scratch_ = scratch_before_;
+  if (scratch_.bytes && !scratch_.captured) {
+    scratch_.offset = heap_->allocator().allocate(scratch_.bytes, "the restored scratch", /*from_top=*/true);
+  }
 }
 
 }  // namespace interlace

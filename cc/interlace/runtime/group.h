@@ -97,6 +97,8 @@ class Group : public std::enable_shared_from_this<Group> {
   // One no graph uses is freed when outgrown: the group's ops run in order, so later ops are done
   // with it first; only memory the caller allocates from the heap right after a growth may still be
   // in use by an op in flight, so only stream-ordered work should touch it.
+  // A growth takes effect once every rank has agreed on the call (OpCall::agree commits it); a call
+  // that any rank's checks refused rolls it back, so that the ranks' heaps stay alike.
   size_t scratch(size_t bytes, const char* what, bool capturing);
 
   // A stream beside `user` for an op's copy-engine work, with events to fork it from `user` and
@@ -142,9 +144,17 @@ class Group : public std::enable_shared_from_this<Group> {
   std::atomic<uint64_t> last_issued_{0};  // call number << 8 | OpId
   SignatureCache agreed_{1024};  // signatures every rank has agreed on
 
-  size_t scratch_offset_ = 0;
-  size_t scratch_bytes_ = 0;
-  bool scratch_captured_ = false;
+  struct ScratchBlock {
+    size_t offset = 0;
+    size_t bytes = 0;
+    bool captured = false;
+  };
+  ScratchBlock scratch_;
+  // The block scratch_ replaced in the call being agreed, freed on commit, restored on rollback.
+  bool scratch_grown_ = false;
+  ScratchBlock scratch_before_;
+  void commit_scratch();
+  void rollback_scratch();
   std::unordered_map<cudaStream_t, SideStream> side_streams_;
 };
 

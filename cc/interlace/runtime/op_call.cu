@@ -72,6 +72,7 @@ uint64_t OpCall::agree(const std::function<std::string()>& checks) {
     failure = concat(op_name(op_), ": ", e.what());
   }
   if (!failure.empty()) {  // every rank must hear of it, whatever went wrong
+    group_.rollback_scratch();
     watchdog.vote(call_, failure, /*failed=*/true, /*wait=*/false);
     cancel_on_device();
     throw Error(failure);
@@ -80,13 +81,16 @@ uint64_t OpCall::agree(const std::function<std::string()>& checks) {
   const Verdict verdict = watchdog.vote(call_, signature, /*failed=*/false, /*wait=*/!seen_before);
   switch (verdict.kind) {
     case Verdict::kAgreed:
+      group_.commit_scratch();
       break;
     case Verdict::kCancelled:
+      group_.rollback_scratch();
       group_.take_cancel_reason(call_);  // reported here, not again by check()
       group_.cancels_reported_ = std::max(group_.cancels_reported_, call_);
       cancel_on_device();
       IL_FAIL("rank ", group_.rank(), ": ", op_name(op_), " was not run: ", verdict.text);
     default:
+      group_.rollback_scratch();
       group_.check();  // raises, naming what aborted the group
       IL_FAIL("rank ", group_.rank(), ": ", op_name(op_), ": ", verdict.text);
   }
