@@ -19,7 +19,7 @@ from interlace import _interlace as _C
 __all__ = ["Bootstrap", "Error", "Group", "MoeHandle", "ag_gemm", "all_gather", "all_reduce", "attention", "gemm",
            "gemm_ar",
            "gemm_rs", "gpu_count", "init", "moe_combine", "moe_dispatch", "moe_no_drop_capacity", "reduce_scatter",
-           "ring_attention_shard", "ring_attention_unshard"]
+           "ring_attention", "ring_attention_shard", "ring_attention_unshard"]
 __version__ = "0.1.0"
 
 
@@ -312,6 +312,29 @@ def moe_combine(expert_out, handle, group, *, out, stream=None):
 
 def _along(x, dim, start, rows):
     return x[(slice(None),) * dim + (slice(start, start + rows),)]
+
+
+def ring_attention(q, k, v, out, group, *, causal=False, softmax_scale=None, lse=None, seq_len=None, stream=None):
+    """Attention over the whole sequence, sharded across the group's ranks, in one launch: every
+    rank's K/V block travels around the ring over NVLink while the attention engine computes on the
+    blocks that have landed. q and out are this rank's shard, [B, S_local, Hq, D]; k and v [B,
+    S_local, Hkv, D]; all sharded along the sequence with ring_attention_shard (rank i holds chunks i
+    and 2W-1-i of 2W, so that causal work is the same on every rank). out = softmax(q K^T *
+    softmax_scale) V over every rank's keys; causal: over the global positions. lse, if given,
+    float32 [B, Hq, S_local], receives each query's log-sum-exp (natural log). seq_len: the global
+    S, needed only where 2 x world_size does not divide it (default world_size x S_local). bf16 or
+    fp16, D 64 or 128, Hq a multiple of Hkv (GQA). The blocks land in (world_size - 1) K/V blocks of
+    the group's heap scratch. Stream-ordered, graph-capturable; raises interlace.Error before any GPU
+    work on bad arguments."""
+    if _frameworks.is_jax(out):
+        raise TypeError("JAX arrays are immutable: interlace.ring_attention writes into out")
+    native = _native(group)
+    if stream is None:
+        stream = _frameworks.current_stream(out, q, k, v)
+    _C.ring_attention(_frameworks.as_dlpack(q), _frameworks.as_dlpack(k), _frameworks.as_dlpack(v),
+                      _frameworks.as_dlpack(out), native, lse=None if lse is None else _frameworks.as_dlpack(lse),
+                      causal=causal, softmax_scale=0.0 if softmax_scale is None else float(softmax_scale),
+                      seq_len=seq_len or 0, stream=stream)
 
 
 def ring_attention_shard(x, rank, world_size, *, dim=1):

@@ -9,6 +9,8 @@ models that call them, and CUDA graphs (mode="reduce-overhead") replay them.
     y = itorch.ag_gemm(x, w.t(), group)      # all_gather(x) @ w.t() in one launch
     s = itorch.all_reduce(x, group)          # also itorch.reduce_scatter(x, group)
     y = itorch.gemm_rs(x, w.t(), group)      # this rank's rows of sum(x @ w.t()); gemm_ar: all rows
+    o, lse = itorch.attention(q, k, v, causal=True)            # [B, S, H, D] on one GPU
+    o, lse = itorch.ring_attention(q, k, v, group, causal=True)  # this rank's zigzag shard of a sequence
     moe = itorch.MoeBuffers(group, num_experts=64, topk=2, hidden=4096, max_tokens=512, capacity=1024)
     ex = itorch.moe_dispatch(x, topk_idx, topk_weights, moe)   # the experts' rows (moe.native's layout)
     y = itorch.moe_combine(expert_out, moe, tokens=x.shape[0])  # back home, weighted sum
@@ -300,6 +302,88 @@ def moe_combine(expert_out: _torch.Tensor, buffers: MoeBuffers, *, tokens: int) 
     """interlace.moe_combine as torch.ops.interlace.moe_combine: a new [tokens, hidden] tensor, tokens
     being this rank's in the dispatch (x.shape[0])."""
     return _torch.ops.interlace.moe_combine(expert_out, buffers.group.handle, buffers.handle, tokens)
+
+
+def _attention_lse(q):
+    return q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=_torch.float32)
+
+
+@_torch.library.custom_op("interlace::attention_into", mutates_args=("out", "lse"), device_types="cuda")
+def _attention_into(out: _torch.Tensor, lse: _torch.Tensor | None, q: _torch.Tensor, k: _torch.Tensor,
+                    v: _torch.Tensor, causal: bool, softmax_scale: float | None) -> None:
+    _interlace.attention(q, k, v, out, causal=causal, softmax_scale=softmax_scale, lse=lse)
+
+
+@_attention_into.register_fake
+def _(out, lse, q, k, v, causal, softmax_scale):
+    return None
+
+
+@_torch.library.custom_op("interlace::attention", mutates_args=(), device_types="cuda")
+def _attention(q: _torch.Tensor, k: _torch.Tensor, v: _torch.Tensor, causal: bool,
+               softmax_scale: float | None) -> tuple[_torch.Tensor, _torch.Tensor]:
+    out, lse = _torch.empty_like(q), _attention_lse(q)
+    _interlace.attention(q, k, v, out, causal=causal, softmax_scale=softmax_scale, lse=lse)
+    return out, lse
+
+
+@_attention.register_fake
+def _(q, k, v, causal, softmax_scale):
+    _torch._check(q.dim() == 4 and k.dim() == 4 and k.shape == v.shape and q.shape[3] == k.shape[3],
+                  lambda: f"interlace.attention: q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} "
+                          "are not [B, S, H, D] alike")
+    return _torch.empty_like(q), _attention_lse(q)
+
+
+@_torch.library.custom_op("interlace::ring_attention_into", mutates_args=("out", "lse"), device_types="cuda")
+def _ring_attention_into(out: _torch.Tensor, lse: _torch.Tensor | None, q: _torch.Tensor, k: _torch.Tensor,
+                         v: _torch.Tensor, group: int, causal: bool, softmax_scale: float | None,
+                         seq_len: int | None) -> None:
+    _interlace.ring_attention(q, k, v, out, _group.by_handle(group), causal=causal, softmax_scale=softmax_scale,
+                              lse=lse, seq_len=seq_len)
+
+
+@_ring_attention_into.register_fake
+def _(out, lse, q, k, v, group, causal, softmax_scale, seq_len):
+    return None
+
+
+@_torch.library.custom_op("interlace::ring_attention", mutates_args=(), device_types="cuda")
+def _ring_attention(q: _torch.Tensor, k: _torch.Tensor, v: _torch.Tensor, group: int, causal: bool,
+                    softmax_scale: float | None, seq_len: int | None) -> tuple[_torch.Tensor, _torch.Tensor]:
+    out, lse = _torch.empty_like(q), _attention_lse(q)
+    _interlace.ring_attention(q, k, v, out, _group.by_handle(group), causal=causal, softmax_scale=softmax_scale,
+                              lse=lse, seq_len=seq_len)
+    return out, lse
+
+
+@_ring_attention.register_fake
+def _(q, k, v, group, causal, softmax_scale, seq_len):
+    _torch._check(q.dim() == 4 and k.dim() == 4 and k.shape == v.shape and q.shape[3] == k.shape[3],
+                  lambda: f"interlace.ring_attention: q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} "
+                          "are not [B, S_local, H, D] alike")
+    return _torch.empty_like(q), _attention_lse(q)
+
+
+def attention(q: _torch.Tensor, k: _torch.Tensor, v: _torch.Tensor, *, causal=False, softmax_scale=None,
+              out: _torch.Tensor = None, lse: _torch.Tensor = None):
+    """(out, lse) of attention on one GPU (see interlace.attention), as torch.ops.interlace.attention
+    (new tensors) or, with out= (and optionally lse=), torch.ops.interlace.attention_into."""
+    if out is None:
+        return _torch.ops.interlace.attention(q, k, v, causal, softmax_scale)
+    _torch.ops.interlace.attention_into(out, lse, q, k, v, causal, softmax_scale)
+    return out, lse
+
+
+def ring_attention(q: _torch.Tensor, k: _torch.Tensor, v: _torch.Tensor, group, *, causal=False, softmax_scale=None,
+                   seq_len=None, out: _torch.Tensor = None, lse: _torch.Tensor = None):
+    """(out, lse) of attention over the sequence sharded across the group (see
+    interlace.ring_attention), as torch.ops.interlace.ring_attention (new tensors) or, with out= (and
+    optionally lse=), torch.ops.interlace.ring_attention_into."""
+    if out is None:
+        return _torch.ops.interlace.ring_attention(q, k, v, group.handle, causal, softmax_scale, seq_len)
+    _torch.ops.interlace.ring_attention_into(out, lse, q, k, v, group.handle, causal, softmax_scale, seq_len)
+    return out, lse
 
 
 def gemm_rs(a: _torch.Tensor, b: _torch.Tensor, group, *, shard_rows=None, out: _torch.Tensor = None):

@@ -1,6 +1,7 @@
 #include "interlace/ops/ring_attention/plan.h"
 
 #include <algorithm>
+#include <array>
 #include <random>
 #include <vector>
 
@@ -183,105 +184,128 @@ TEST(RingAttentionPlan, CausalWorkIsBalancedPerStep) {
   }
 }
 
-TEST(RingAttentionPlan, FlagValuesAndSlots) {
+TEST(RingAttentionPlan, SlotsAndFlagValues) {
   for (int world = 1; world <= 8; ++world) {
-    uint64_t previous[2] = {0, 0};  // the last landed value per slot, across calls
+    uint64_t previous = 0;  // the last landed value of a piece, across steps and calls
     for (uint64_t op : {uint64_t{1}, uint64_t{2}, uint64_t{7}, uint64_t{1} << 40}) {
+      std::vector<bool> used(world, false);
       for (int s = 1; s < world; ++s) {
         const int slot = RingAttentionPlan::slot_of_step(s);
-        EXPECT_EQ(slot, s % 2);
+        ASSERT_GE(slot, 0);
+        ASSERT_LT(slot, world - 1);
+        EXPECT_FALSE(used[slot]) << "a slot reused within a call";
+        used[slot] = true;
         const uint64_t landed = RingAttentionPlan::landed_value(op, s);
-        EXPECT_GT(landed, previous[slot]);  // monotonic: a wait ">=" never passes on an older value
-        previous[slot] = landed;
+        EXPECT_GT(landed, previous);  // monotonic: a wait ">=" never passes on an older value
+        previous = landed;
         EXPECT_GT(landed, RingAttentionPlan::epoch_base(op));
         EXPECT_LT(landed, RingAttentionPlan::epoch_base(op + 1));
-        // The writer of step s waits for the release of the slot's previous tenant in this call.
-        if (s >= 3) {
-          EXPECT_EQ(RingAttentionPlan::release_wait(op, s), RingAttentionPlan::released_value(op, s - 2));
-          EXPECT_EQ(RingAttentionPlan::slot_of_step(s - 2), slot);
-        } else {
-          EXPECT_EQ(RingAttentionPlan::release_wait(op, s), 0u);
-        }
       }
     }
   }
 }
 
-// A host simulation of the protocol under random interleavings: W ranks, several calls, each
-// rank a small state machine per step (wait for the block, push it on, compute, release). Checks
-// that a block is consumed only after it landed, that no slot is overwritten before its tenant was
-// released, and that nothing deadlocks. Between calls, the op handshake: no rank pushes in call k
-// before every rank has started it.
-TEST(RingAttentionPlan, DoubleBufferProtocolSimulation) {
+TEST(RingAttentionPlan, PiecesCoverEveryRowAndFitThePad) {
+  struct Case { int world; int64_t seq; int heads_kv; int batch; };
+  for (const Case& c : {Case{2, 16384, 32, 1}, Case{2, 65536, 8, 4}, Case{8, 1 << 20, 64, 2}, Case{3, 1000, 4, 3},
+                        Case{1, 5, 1, 1}, Case{4, 0, 2, 1}, Case{2, (int64_t{1} << 30), 128, 128}}) {
+    const RingAttentionPlan p = make_ring_attention_plan(c.world, 0, c.seq, true, c.heads_kv, c.heads_kv, 128, 128, c.batch);
+    EXPECT_EQ(p.flag_rows % p.tile_k, 0);
+    EXPECT_GE(p.flag_rows, kRingAttentionFlagRows);
+    EXPECT_LE(p.pieces(), kRingAttentionMaxPieces) << "W " << c.world << " S " << c.seq;
+    if (p.max_local_rows() == 0) continue;
+    std::vector<int> seen(p.pieces(), 0);
+    for (int b = 0; b < c.batch; ++b) {
+      for (int h = 0; h < c.heads_kv; ++h) {
+        for (int64_t start = 0; start < p.max_local_rows(); start += p.flag_rows) {
+          const int piece = p.piece_of(b, h, start);
+          ASSERT_GE(piece, 0);
+          ASSERT_LT(piece, p.pieces());
+          EXPECT_EQ(p.piece_of(b, h, std::min(start + p.flag_rows, p.max_local_rows()) - 1), piece);
+          ++seen[piece];
+        }
+      }
+    }
+    EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; })) << "a piece of two rows' ranges";
+  }
+}
+
+// A host simulation of the protocol under random interleavings: W ranks, several calls; per rank, a
+// sender per piece forwards each step's block to rank + 1's slot and raises its flag there, after
+// the step's own block landed; computing step s waits for the flag. Checks that a block is read
+// only after it landed and holds the right origin and call, and that nothing deadlocks. Between
+// calls, the op handshake: no rank sends in call k before every rank has started it (and so
+// finished call k - 1 and its reads of the slots).
+TEST(RingAttentionPlan, SlotProtocolSimulation) {
   std::mt19937 random(13);
-  for (int world = 1; world <= 8; ++world) {
+  for (int world = 1; world <= 6; ++world) {
     for (int trial = 0; trial < 20; ++trial) {
       const std::vector<uint64_t> ops = {3, 4, 9};
-      struct Slot {
-        int64_t call = -1, origin = -1;
-        bool released = true;
-      };
+      constexpr int kPieces = 3;
+      struct Slot { int call = -1, origin = -1; };
       struct Rank {
-        int call = 0, step = 0, phase = 0;  // phase 0: wait for the block, 1: push it on, 2: compute + release
-        Slot slot[2];
-        uint64_t landed[2] = {0, 0}, released[2] = {0, 0};
+        int call = 0;
+        int sent[kPieces] = {};   // steps each sender has forwarded in this call
+        int computed = 0;         // steps computed in this call
+        std::vector<std::array<Slot, kPieces>> slots;
+        uint64_t landed[kPieces] = {};
       };
       std::vector<Rank> ranks(world);
+      for (Rank& x : ranks) x.slots.resize(std::max(world - 1, 1));
       const RingAttentionPlan p = make_ring_attention_plan(world, 0, 64, true, 1, 1);
       auto started = [&](int call) {
-        for (const Rank& x : ranks) {
-          if (x.call < call) return false;
-        }
-        return true;
+        return std::all_of(ranks.begin(), ranks.end(), [&](const Rank& x) { return x.call >= call; });
       };
       for (;;) {
-        std::vector<int> runnable;
+        struct Move { int rank, piece; };  // piece -1: compute the next step
+        std::vector<Move> moves;
         bool done = true;
         for (int r = 0; r < world; ++r) {
           Rank& x = ranks[r];
           if (x.call == static_cast<int>(ops.size())) continue;
           done = false;
           const uint64_t op = ops[x.call];
-          const int s = x.step;
-          bool can = false;
-          if (x.phase == 0) can = s == 0 || x.landed[s & 1] >= RingAttentionPlan::landed_value(op, s);
-          if (x.phase == 1) can = s + 1 >= world || (started(x.call) && x.released[(s + 1) & 1] >= RingAttentionPlan::release_wait(op, s + 1));
-          if (x.phase == 2) can = true;
-          if (can) runnable.push_back(r);
+          for (int piece = 0; piece < kPieces; ++piece) {
+            const int s = x.sent[piece];
+            if (s + 1 < world && started(x.call) &&
+                (s == 0 || x.landed[piece] >= RingAttentionPlan::landed_value(op, s))) {
+              moves.push_back({r, piece});
+            }
+          }
+          const int s = x.computed;
+          bool ready = true;
+          for (int piece = 0; piece < kPieces && s > 0; ++piece) {
+            ready = ready && x.landed[piece] >= RingAttentionPlan::landed_value(op, s);
+          }
+          if (s < world && ready) moves.push_back({r, -1});
         }
         if (done) break;
-        ASSERT_FALSE(runnable.empty()) << "deadlock, W " << world;
-        const int r = runnable[random() % runnable.size()];
-        Rank& x = ranks[r];
+        ASSERT_FALSE(moves.empty()) << "deadlock, W " << world;
+        const Move m = moves[random() % moves.size()];
+        Rank& x = ranks[m.rank];
         const uint64_t op = ops[x.call];
-        const int s = x.step;
-        if (x.phase == 0) {
-          if (s >= 1) {
-            const Slot& held = x.slot[RingAttentionPlan::slot_of_step(s)];
-            ASSERT_EQ(held.call, x.call) << "W " << world << ": rank " << r << " step " << s << " reads a stale block";
-            ASSERT_EQ(held.origin, p.kv_origin(r, s));
-          }
-          x.phase = 1;
-        } else if (x.phase == 1) {
-          if (s + 1 < world) {
-            Rank& next = ranks[(r + 1) % world];
-            Slot& target = next.slot[RingAttentionPlan::slot_of_step(s + 1)];
-            ASSERT_TRUE(target.released) << "W " << world << ": rank " << r << " overwrites a block in use";
-            target = Slot{x.call, p.kv_origin(r, s), false};
-            next.landed[RingAttentionPlan::slot_of_step(s + 1)] = RingAttentionPlan::landed_value(op, s + 1);
-          }
-          x.phase = 2;
+        if (m.piece >= 0) {
+          const int s = x.sent[m.piece];
+          if (s > 0) ASSERT_EQ(x.slots[RingAttentionPlan::slot_of_step(s)][m.piece].call, x.call);
+          Rank& next = ranks[(m.rank + 1) % world];
+          next.slots[RingAttentionPlan::slot_of_step(s + 1)][m.piece] = Slot{x.call, p.kv_origin(m.rank, s)};
+          next.landed[m.piece] = RingAttentionPlan::landed_value(op, s + 1);
+          ++x.sent[m.piece];
         } else {
-          if (s >= 1) {
-            x.slot[RingAttentionPlan::slot_of_step(s)].released = true;
-            ranks[(r + world - 1) % world].released[RingAttentionPlan::slot_of_step(s)] =
-                RingAttentionPlan::released_value(op, s);
+          const int s = x.computed;
+          for (int piece = 0; piece < kPieces && s > 0; ++piece) {
+            const Slot& held = x.slots[RingAttentionPlan::slot_of_step(s)][piece];
+            ASSERT_EQ(held.call, x.call) << "W " << world << ": rank " << m.rank << " step " << s << " reads a stale block";
+            ASSERT_EQ(held.origin, p.kv_origin(m.rank, s));
           }
-          x.phase = 0;
-          if (++x.step == world) {
-            x.step = 0;
-            ++x.call;
-          }
+          ++x.computed;
+        }
+        const bool finished = x.computed == world &&
+                              std::all_of(x.sent, x.sent + kPieces, [&](int n) { return n == std::max(world - 1, 0); });
+        if (finished) {
+          ++x.call;
+          x.computed = 0;
+          std::fill(x.sent, x.sent + kPieces, 0);
         }
       }
     }

@@ -1,5 +1,6 @@
 """One rank of the torch.library ops on GPUs (see test_torch_ops_gpu.py): all_gather, gemm, ag_gemm,
-gemm_rs, gemm_ar, reduce_scatter, all_reduce and a MoE layer (moe_dispatch, moe_combine), eager,
+gemm_rs, gemm_ar, reduce_scatter, all_reduce, a MoE layer (moe_dispatch, moe_combine), attention and
+ring_attention, eager,
 compiled with fullgraph=True, and compiled with mode="reduce-overhead" (CUDA graphs), each against a
 reference."""
 import os
@@ -122,6 +123,21 @@ def main(mode):
         twice = (x.float() * 2).to(torch.bfloat16).float()  # each token's experts all return 2x
         want = (w[:, :1] * twice + w[:, 1:] * twice).to(torch.bfloat16)  # fp32, top-k order, rounded once
         assert torch.equal(y, want), f"rank {RANK}: {mode} moe step {step}: {(y.float() - want.float()).abs().max()}"
+    # Attention on this GPU and over the ring: the ring's shard of out equals the shard of attention
+    # over the whole sequence (the same engine, the same blocks in another order: close, not equal).
+    attend = compiled(lambda q, k, v, qs, ks, vs: (itorch.attention(q, k, v, causal=True),
+                                                   itorch.ring_attention(qs, ks, vs, group, causal=True)))
+    for step in range(3):
+        g = torch.Generator(device="cuda").manual_seed(90 + step)  # alike on every rank: the whole sequence
+        q, k, v = (torch.randn(1, 300 * WORLD, heads, 64, generator=g, device="cuda").to(torch.bfloat16)
+                   for heads in (4, 2, 2))
+        shards = [interlace.ring_attention_shard(t, RANK, WORLD).contiguous() for t in (q, k, v)]
+        (out, lse), (ring_out, ring_lse) = attend(q, k, v, *shards)
+        torch.cuda.synchronize()
+        group.check()
+        check(ring_out, interlace.ring_attention_shard(out, RANK, WORLD).float(), f"{mode} ring_attention step {step}")
+        lse_err = (ring_lse - interlace.ring_attention_shard(lse, RANK, WORLD, dim=2)).abs().max().item()
+        assert lse_err < 1e-3, f"rank {RANK}: {mode} ring_attention lse step {step}: {lse_err}"
     buf = torch.full((WORLD * 129, 256), float("nan"), device="cuda", dtype=torch.bfloat16)
     itorch.all_gather(shard(RANK, 129, 9), group, out=buf)
     torch.cuda.synchronize()

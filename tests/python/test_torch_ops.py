@@ -320,3 +320,20 @@ def test_moe_layer_traces_without_graph_breaks(group):
     targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
     assert any("moe_dispatch_into" in t for t in targets), targets
     assert any("interlace.moe_combine" in t for t in targets), targets
+
+
+def test_attention_and_ring_attention_fakes_give_out_and_lse(group):
+    schemas = {name: str(getattr(torch.ops.interlace, name).default._schema)
+               for name in ("attention", "attention_into", "ring_attention", "ring_attention_into")}
+    assert "Tensor(a0!) out, Tensor(a1!)? lse" in schemas["attention_into"], schemas
+    assert "Tensor(a0!) out, Tensor(a1!)? lse" in schemas["ring_attention_into"], schemas
+    assert schemas["attention"].endswith("-> (Tensor, Tensor)"), schemas
+    assert schemas["ring_attention"].endswith("-> (Tensor, Tensor)"), schemas
+    with FakeTensorMode():
+        q = torch.empty(2, 40, 8, 128, dtype=torch.bfloat16)
+        k = torch.empty(2, 40, 2, 128, dtype=torch.bfloat16)
+        for out, lse in (itorch.attention(q, k, k, causal=True), itorch.ring_attention(q, k, k, group, causal=True)):
+            assert out.shape == q.shape and out.dtype == torch.bfloat16
+            assert lse.shape == (2, 8, 40) and lse.dtype == torch.float32
+        with pytest.raises(Exception, match="not \\[B, S"):
+            itorch.attention(q, k, torch.empty(2, 39, 2, 128, dtype=torch.bfloat16))

@@ -22,4 +22,5 @@
 #include "interlace/ops/moe/launch.h"
 #include "interlace/ops/reduce/launch.h"
 #include "interlace/ops/reduce/plan.h"
+#include "interlace/ops/ring_attention/launch.h"
 #include "interlace/runtime/group.h"

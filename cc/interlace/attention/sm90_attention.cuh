@@ -1,7 +1,10 @@
 // The Hopper attention forward (softmax(Q K^T * scale) V, with the log-sum-exp) that ring attention
 // computes its blocks with: TMA and wgmma, warp-specialized, online softmax.
 //
-// One CTA per (query tile of 128 rows, head, batch). Roles:
+// attention_cta runs one CTA's query tile (128 rows of one head) against the key segments a
+// Schedule names, in order: contiguous key rows of the CTA's own K/V or of a receive slot (ring
+// attention's blocks from other ranks), each full or on the causal diagonal. The plain kernel
+// (sm90_attention_kernel) has one segment: all keys. Roles:
 //   Producer  (warpgroup 0, one thread): TMA loads of the CTA's Q tile (two 64-row halves, one per
 //             consumer, each behind its own barrier) and of K and V tiles of 128 keys into a
 //             double-buffered ring (two pipelines, so a consumer waits for V only when it needs it);
@@ -11,12 +14,12 @@
 //             tile's S is issued before waiting for this tile's PV, so the tensor cores work on one
 //             while the warpgroup runs the other's exponentials; and the two consumers take turns at
 //             issuing (two named barriers), so that one's softmax runs under the other's matmuls.
-// Key tiles are visited from the last to the first: the ones that need a mask (the ragged last tile,
-// the causal diagonal) come first, and the rest run without one. Under the causal mask the grid
-// starts at the last query tiles, which have the most keys to visit.
+// Within a segment key tiles are visited from the last to the first: the ones that need a mask (the
+// ragged last tile, the causal diagonal) come first, and the rest run without one. Under the causal
+// mask the plain kernel's grid starts at the last query tiles, which have the most keys to visit.
 //
-// Rows past the sequence are zeros from TMA and are masked (keys) or not stored (queries). A row
-// with no visible key (none here; ring blocks will have them) gets O = 0 and lse = -inf.
+// Rows past a segment or past the tile's queries are TMA's zeros or other rows: keys are masked to
+// -inf, queries not stored. A row with no visible key gets O = 0 and lse = -inf.
 #pragma once
 
 #include <cstdint>
@@ -32,11 +35,10 @@
 
 namespace interlace::attention_engine {
 
-template <class Element_, int kHeadDim_, bool kCausal_>
+template <class Element_, int kHeadDim_>
 struct Config {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr bool kCausal = kCausal_;
   static constexpr int kConsumers = 2;  // warpgroups of 64 query rows
   static constexpr int kTileQ = 64 * kConsumers;
   static constexpr int kTileK = 128;
@@ -74,37 +76,88 @@ struct Config {
     cutlass::arch::ClusterTransactionBarrier::ValueType q_full[kConsumers];
   };
 
-  // Global tensors as TMA sees them: Q, K (rows, D, heads, batch) with D contiguous; V as (D, rows,
-  // heads, batch), the transposed view its MN-major tiles are cut from.
-  using GmemShapeRows = cute::Shape<int32_t, HeadDim, int32_t, int32_t>;
-  using GmemStrideRows = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
-  using GmemShapeCols = cute::Shape<HeadDim, int32_t, int32_t, int32_t>;
-  using GmemStrideCols = cute::Stride<cute::_1, int64_t, int64_t, int64_t>;
-  static auto gmem_rows(const Element* p) {
-    return cute::make_tensor(cute::make_gmem_ptr(p), GmemShapeRows{}, GmemStrideRows{});
+  // Global tensors as TMA sees them: Q and K as (rows, D, heads, batch, slots) with D contiguous; V
+  // as (D, rows, heads, batch, slots), the transposed view its MN-major tiles are cut from. Slots:
+  // ring attention's receive buffer holds a block per step; the inputs are one slot.
+  using GmemShapeRows = cute::Shape<int32_t, HeadDim, int32_t, int32_t, int32_t>;
+  using GmemStrideRows = cute::Stride<int64_t, cute::_1, int64_t, int64_t, int64_t>;
+  using GmemShapeCols = cute::Shape<HeadDim, int32_t, int32_t, int32_t, int32_t>;
+  using GmemStrideCols = cute::Stride<cute::_1, int64_t, int64_t, int64_t, int64_t>;
+  using TmaQ = decltype(cute::make_tma_copy(
+      cute::SM90_TMA_LOAD{}, cute::make_tensor(cute::make_gmem_ptr<const Element>(nullptr), GmemShapeRows{}, GmemStrideRows{}),
+      SmemLayoutQ{}(cute::_, cute::_, cute::_0{})));
+  using TmaK = decltype(cute::make_tma_copy(
+      cute::SM90_TMA_LOAD{}, cute::make_tensor(cute::make_gmem_ptr<const Element>(nullptr), GmemShapeRows{}, GmemStrideRows{}),
+      SmemLayoutK{}(cute::_, cute::_, cute::_0{})));
+  using TmaV = decltype(cute::make_tma_copy(
+      cute::SM90_TMA_LOAD{}, cute::make_tensor(cute::make_gmem_ptr<const Element>(nullptr), GmemShapeCols{}, GmemStrideCols{}),
+      SmemLayoutV{}(cute::_, cute::_, cute::_0{})));
+
+  // Descriptors over a dense [batch, rows, heads, D] tensor, or `slots` of them slot_stride elements
+  // apart (0: back to back).
+  static TmaQ tma_q(const Element* p, int64_t batch, int64_t rows, int64_t heads) {
+    return cute::make_tma_copy(cute::SM90_TMA_LOAD{}, rows_view(p, batch, rows, heads, 1, 0),
+                               SmemLayoutQ{}(cute::_, cute::_, cute::_0{}));
   }
-  static auto gmem_cols(const Element* p) {
-    return cute::make_tensor(cute::make_gmem_ptr(p), GmemShapeCols{}, GmemStrideCols{});
+  static TmaK tma_k(const Element* p, int64_t batch, int64_t rows, int64_t heads, int64_t slots, int64_t slot_stride = 0) {
+    return cute::make_tma_copy(cute::SM90_TMA_LOAD{}, rows_view(p, batch, rows, heads, slots, slot_stride),
+                               SmemLayoutK{}(cute::_, cute::_, cute::_0{}));
   }
-  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, gmem_rows(nullptr),
-                                            SmemLayoutQ{}(cute::_, cute::_, cute::_0{})));
-  using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, gmem_rows(nullptr),
-                                            SmemLayoutK{}(cute::_, cute::_, cute::_0{})));
-  using TmaV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, gmem_cols(nullptr),
-                                            SmemLayoutV{}(cute::_, cute::_, cute::_0{})));
+  static TmaV tma_v(const Element* p, int64_t batch, int64_t rows, int64_t heads, int64_t slots, int64_t slot_stride = 0) {
+    using namespace cute;
+    const int64_t tensor = batch * rows * heads * kHeadDim;
+    auto view = make_tensor(make_gmem_ptr(p), GmemShapeCols(HeadDim{}, as_dim(rows), as_dim(heads), as_dim(batch), as_dim(slots)),
+                            GmemStrideCols(_1{}, heads * kHeadDim, int64_t{kHeadDim}, rows * heads * kHeadDim,
+                                           slot_stride > 0 ? slot_stride : tensor));
+    return make_tma_copy(SM90_TMA_LOAD{}, view, SmemLayoutV{}(_, _, _0{}));
+  }
+  // TMA needs every dimension positive; an empty one is never read.
+  static int32_t as_dim(int64_t n) { return static_cast<int32_t>(n > 0 ? n : 1); }
+  static auto rows_view(const Element* p, int64_t batch, int64_t rows, int64_t heads, int64_t slots, int64_t slot_stride) {
+    using namespace cute;
+    const int64_t tensor = batch * rows * heads * kHeadDim;
+    return make_tensor(make_gmem_ptr(p), GmemShapeRows(as_dim(rows), HeadDim{}, as_dim(heads), as_dim(batch), as_dim(slots)),
+                       GmemStrideRows(heads * kHeadDim, _1{}, int64_t{kHeadDim}, rows * heads * kHeadDim,
+                                      slot_stride > 0 ? slot_stride : tensor));
+  }
 };
 
+// What every CTA needs, whatever its schedule. K and V come from the inputs (tma_k, tma_v: one
+// slot of rows_k rows) or from ring attention's receive slots (tma_k_recv, tma_v_recv: slots of
+// rows_recv rows; the plain kernel points them at the inputs).
 template <class Config>
 struct Params {
   typename Config::TmaQ tma_q;
-  typename Config::TmaK tma_k;
-  typename Config::TmaV tma_v;
-  typename Config::Element* out;  // [B, S_q, Hq, D], contiguous
-  float* lse;                     // [B, Hq, S_q], or null
-  int32_t batch, seq_q, seq_k, heads_q, heads_kv;
-  int32_t q_tiles;
+  typename Config::TmaK tma_k, tma_k_recv;
+  typename Config::TmaV tma_v, tma_v_recv;
+  typename Config::Element* out;  // [B, rows_q, Hq, D], contiguous
+  float* lse;                     // [B, Hq, rows_q], or null
+  int32_t batch, rows_q, rows_k, rows_recv, slots, heads_q, heads_kv;
   float scale_log2;  // softmax scale * log2(e): the exponentials are exp2
   float scale;
+};
+
+// A CTA's queries: rows [row0, row0 + min(valid, 128)) of one (batch, head); offset0 is row0's offset
+// within its part of the sequence, which the causal mask compares key offsets against.
+struct QueryTile {
+  int32_t batch, head, row0, valid, offset0;
+};
+
+// Contiguous key rows [row0, row0 + rows) of the inputs (slot < 0) or of receive slot `slot`. On the
+// causal diagonal (the keys' offsets and the queries' within the same stretch of the sequence), key
+// offset k is visible to query offset q iff k <= q. step: which ring step the keys belong to.
+struct KeySegment {
+  int32_t slot, row0, rows, diagonal, step;
+};
+
+// The plain kernel's schedule: every key of the inputs, the causal diagonal when asked.
+struct DenseSchedule {
+  int32_t rows_k;
+  int32_t causal;
+  __device__ int segments() const { return 1; }
+  __device__ KeySegment segment(int, const QueryTile&) const { return KeySegment{-1, 0, rows_k, causal, 0}; }
+  // The producer's wait before loading keys [lo, hi) of a segment: nothing to wait for here.
+  __device__ void wait_keys(const KeySegment&, int, int, int, int) {}
 };
 
 __device__ __forceinline__ float exp2_approx(float x) {
@@ -180,29 +233,63 @@ __device__ __forceinline__ void online_softmax(Tensor& s, RowState& state, float
   }
 }
 
-template <class Config>
-__global__ void __launch_bounds__(Config::kThreads, 1) sm90_attention_kernel(const __grid_constant__ Params<Config> p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// The key tiles a CTA visits in a segment: all of them, or on the diagonal those that start at or
+// before its last query.
+template <int kTileQ, int kTileK>
+__device__ __forceinline__ int key_tiles(const KeySegment& seg, const QueryTile& tile) {
+  int n = (seg.rows + kTileK - 1) / kTileK;
+  if (seg.diagonal) n = min(n, (tile.offset0 + min(tile.valid, kTileQ) - 1) / kTileK + 1);
+  return max(n, 0);
+}
+
+// Walks a CTA's key tiles in the order every role visits them: segments in order, tiles from last
+// to first within each.
+template <class Config, class Schedule>
+struct TileCursor {
+  Schedule& schedule;
+  const QueryTile& tile;
+  int g = -1, j = 0;
+  KeySegment seg{};
+  __device__ TileCursor(Schedule& s, const QueryTile& t) : schedule(s), tile(t) {}
+  __device__ bool advance() {
+    if (j > 0) {
+      --j;
+      return true;
+    }
+    while (++g < schedule.segments()) {
+      seg = schedule.segment(g, tile);
+      const int n = key_tiles<Config::kTileQ, Config::kTileK>(seg, tile);
+      if (n > 0) {
+        j = n - 1;
+        return true;
+      }
+    }
+    return false;
+  }
+};
+
+// One CTA's query tile against its schedule's keys; every thread of the CTA calls it, and all return.
+// A schedule whose producer waits on flags needs more than the plain producer's registers: it takes
+// them from the consumers. The split must fit what the launch gave the CTA, or the consumers'
+// setmaxnreg.inc waits forever for registers nobody frees.
+template <class Config, class Schedule, int kProducerRegisters = Config::kProducerRegisters,
+          int kConsumerRegisters = Config::kConsumerRegisters>
+__device__ __forceinline__ void attention_cta(const Params<Config>& p, Schedule& schedule, const QueryTile& tile,
+                                              typename Config::SharedStorage& shared) {
   using namespace cute;
   using Element = typename Config::Element;
   using Pipeline = typename Config::Pipeline;
   using HeadDim = typename Config::HeadDim;
   using TileK = typename Config::TileK;
-  constexpr int kTileQ = Config::kTileQ;
   constexpr int kTileK = Config::kTileK;
-  constexpr bool kCausal = Config::kCausal;
-
-  extern __shared__ __align__(1024) char smem[];
-  auto& shared = *reinterpret_cast<typename Config::SharedStorage*>(smem);
+  constexpr int kLaunchRegisters = 65536 / Config::kThreads / 8 * 8;  // per thread, at one CTA per SM
+  static_assert(cutlass::NumThreadsPerWarpGroup * (kProducerRegisters + Config::kConsumers * kConsumerRegisters) <=
+                    kLaunchRegisters * Config::kThreads,
+                "the register split exceeds the launch's: setmaxnreg.inc would never return");
   const int warp_idx = cutlass::canonical_warp_idx_sync();
   const int warp_group = cutlass::canonical_warp_group_idx();
-
-  const int q_tile = kCausal ? p.q_tiles - 1 - static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x);
-  const int head = blockIdx.y, batch = blockIdx.z;
-  const int head_kv = head / (p.heads_q / p.heads_kv);
-  const int q_end = min((q_tile + 1) * kTileQ, p.seq_q);  // past the CTA's last query row
-  int k_tiles = (p.seq_k + kTileK - 1) / kTileK;
-  if constexpr (kCausal) k_tiles = min(k_tiles, (q_end - 1) / kTileK + 1);
+  const int head_kv = tile.head / (p.heads_q / p.heads_kv);
 
   typename Pipeline::Params pipeline_params;
   pipeline_params.role = warp_group == 0 ? (warp_idx == 0 ? Pipeline::ThreadCategory::Producer
@@ -224,34 +311,54 @@ __global__ void __launch_bounds__(Config::kThreads, 1) sm90_attention_kernel(con
   Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Config::SmemLayoutV{});
 
   if (warp_group == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
     if (warp_idx != 0 || !cute::elect_one_sync()) return;
-    Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.seq_q, HeadDim{}, p.heads_q, p.batch));
-    Tensor mK = p.tma_k.get_tma_tensor(make_shape(p.seq_k, HeadDim{}, p.heads_kv, p.batch));
-    Tensor mV = p.tma_v.get_tma_tensor(make_shape(HeadDim{}, p.seq_k, p.heads_kv, p.batch));
-    Tensor gQ = local_tile(mQ(_, _, head, batch), Shape<_64, HeadDim>{}, make_coord(_, 0));  // (64, D, halves)
-    Tensor gK = local_tile(mK(_, _, head_kv, batch), Shape<TileK, HeadDim>{}, make_coord(_, 0));  // (keys, D, j)
-    Tensor gV = local_tile(mV(_, _, head_kv, batch), Shape<HeadDim, TileK>{}, make_coord(0, _));  // (D, keys, j)
+    Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.rows_q, HeadDim{}, p.heads_q, p.batch, 1));
+    Tensor gQ = local_tile(domain_offset(make_coord(tile.row0, 0), mQ(_, _, tile.head, tile.batch, 0)),
+                           Shape<_64, HeadDim>{}, make_coord(_, 0));  // (64, D, halves)
     auto [tQgQ, tQsQ] = tma_partition(p.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-    auto [tKgK, tKsK] = tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-    auto [tVgV, tVsV] = tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
     for (int c = 0; c < Config::kConsumers; ++c) {
       auto& full = *reinterpret_cast<cutlass::arch::ClusterTransactionBarrier*>(&shared.q_full[c]);
       full.arrive_and_expect_tx(Config::kQHalfBytes);
-      copy(p.tma_q.with(shared.q_full[c]), tQgQ(_, q_tile * Config::kConsumers + c), tQsQ(_, c));
+      copy(p.tma_q.with(shared.q_full[c]), tQgQ(_, c), tQsQ(_, c));
     }
     auto state = cutlass::make_producer_start_state<Pipeline>();
-    for (int j = k_tiles - 1; j >= 0; --j) {
-      pipeline_k.producer_acquire(state);
-      copy(p.tma_k.with(*pipeline_k.producer_get_barrier(state)), tKgK(_, j), tKsK(_, state.index()));
-      pipeline_v.producer_acquire(state);
-      copy(p.tma_v.with(*pipeline_v.producer_get_barrier(state)), tVgV(_, j), tVsV(_, state.index()));
-      ++state;
+    // K and V tiles of one segment, from the inputs or a receive slot.
+    // Leaves `cur` at the next segment's first tile; `more` false at the end.
+    auto load_segment = [&](const auto& tma_k, const auto& tma_v, int rows, int slots, int slot,
+                            TileCursor<Config, Schedule>& cur, bool& more) {
+      Tensor mK = tma_k.get_tma_tensor(make_shape(rows, HeadDim{}, p.heads_kv, p.batch, slots));
+      Tensor mV = tma_v.get_tma_tensor(make_shape(HeadDim{}, rows, p.heads_kv, p.batch, slots));
+      Tensor gK = local_tile(domain_offset(make_coord(cur.seg.row0, 0), mK(_, _, head_kv, tile.batch, slot)),
+                             Shape<TileK, HeadDim>{}, make_coord(_, 0));  // (keys, D, j)
+      Tensor gV = local_tile(domain_offset(make_coord(0, cur.seg.row0), mV(_, _, head_kv, tile.batch, slot)),
+                             Shape<HeadDim, TileK>{}, make_coord(0, _));  // (D, keys, j)
+      auto [tKgK, tKsK] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+      auto [tVgV, tVsV] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+      const int g = cur.g;
+      do {
+        const int lo = cur.seg.row0 + cur.j * kTileK;
+        schedule.wait_keys(cur.seg, tile.batch, head_kv, lo, min(lo + kTileK, cur.seg.row0 + cur.seg.rows));
+        pipeline_k.producer_acquire(state);
+        copy(tma_k.with(*pipeline_k.producer_get_barrier(state)), tKgK(_, cur.j), tKsK(_, state.index()));
+        pipeline_v.producer_acquire(state);
+        copy(tma_v.with(*pipeline_v.producer_get_barrier(state)), tVgV(_, cur.j), tVsV(_, state.index()));
+        ++state;
+      } while ((more = cur.advance()) && cur.g == g);
+    };
+    TileCursor<Config, Schedule> cur(schedule, tile);
+    bool more = cur.advance();
+    while (more) {
+      if (cur.seg.slot < 0) {
+        load_segment(p.tma_k, p.tma_v, p.rows_k, 1, 0, cur, more);
+      } else {
+        load_segment(p.tma_k_recv, p.tma_v_recv, p.rows_recv, p.slots, cur.seg.slot, cur, more);
+      }
     }
     return;
   }
 
-  cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
+  cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
   const int consumer = warp_group - 1;
   const int thread = threadIdx.x % cutlass::NumThreadsPerWarpGroup;
   typename Config::TiledMmaQK mma_qk;
@@ -270,7 +377,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) sm90_attention_kernel(con
   static_assert(decltype(size(acc_s))::value == kTileK / 2 && decltype(size(acc_o))::value == Config::kHeadDim / 2);
 
   const AccCoords coords(thread);
-  const int q_first = q_tile * kTileQ + consumer * 64;  // the warpgroup's first query row
+  const int q_first = tile.offset0 + consumer * 64;  // the warpgroup's first query, as an offset
   RowState rows;
   float rescale[2];
   clear(acc_o);
@@ -295,12 +402,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1) sm90_attention_kernel(con
     for (int kb = 0; kb < size<2>(tOrP); ++kb) cute::gemm(mma_pv, tOrP(_, _, kb), tOrV(_, _, kb, stage), acc_o);
     warpgroup_commit_batch();
   };
-  // Keys past the sequence, and under the causal mask keys after the query, score -inf.
-  auto mask = [&](int j) {
-    const int key0 = j * kTileK + coords.col0;
-    const bool ragged = (j + 1) * kTileK > p.seq_k;
-    const bool diagonal = kCausal && (j + 1) * kTileK - 1 > q_first;
+  // Keys past the segment, and on the diagonal keys after the query, score -inf.
+  auto mask = [&](const KeySegment& seg, int j) {
+    const bool ragged = (j + 1) * kTileK > seg.rows;
+    const bool diagonal = seg.diagonal && (j + 1) * kTileK - 1 > q_first;
     if (!ragged && !diagonal) return;
+    const int key0 = j * kTileK + coords.col0;
     CUTLASS_PRAGMA_UNROLL
     for (int n = 0; n < kTileK / 8; ++n) {
       CUTLASS_PRAGMA_UNROLL
@@ -309,7 +416,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) sm90_attention_kernel(con
         CUTLASS_PRAGMA_UNROLL
         for (int e = 0; e < 2; ++e) {
           const int key = key0 + 8 * n + e;
-          if (key >= p.seq_k || (kCausal && key > query)) acc_s(4 * n + 2 * i + e) = -INFINITY;
+          if (key >= seg.rows || (seg.diagonal && key > query)) acc_s(4 * n + 2 * i + e) = -INFINITY;
         }
       }
     }
@@ -327,47 +434,46 @@ __global__ void __launch_bounds__(Config::kThreads, 1) sm90_attention_kernel(con
 
   // The consumers take turns at issuing their wgmmas (named barriers kTurnBarrier + consumer), so that
   // one's softmax runs while the other's matmuls keep the tensor cores busy. Consumer 0 goes first;
-  // each step ends by handing the turn over, except the very last one, so that no arrival is left
+  // every issuing step hands the turn over, except consumer 1's last, so that no arrival is left
   // pending at exit.
-  const int steps = k_tiles + 1;  // the first S, then (S, PV) per further tile, then the last PV
-  int step = 0;
   auto take_turn = [&]() { named_barrier_sync(kTurnBarrier + consumer); };
-  auto pass_turn = [&]() {
-    if (++step < steps || consumer == 0) named_barrier_arrive(kTurnBarrier + (consumer ^ 1));
+  auto pass_turn = [&](bool last) {
+    if (!last || consumer == 0) named_barrier_arrive(kTurnBarrier + (consumer ^ 1));
   };
-  if (consumer == 1 && k_tiles > 0) named_barrier_arrive(kTurnBarrier);
 
   auto& q_full = *reinterpret_cast<cutlass::arch::ClusterTransactionBarrier*>(&shared.q_full[consumer]);
   q_full.wait(0);
   typename Pipeline::PipelineState k_state, v_state;
-  if (k_tiles > 0) {
-    // The first (last-indexed) tile: S, softmax, and P ready for its PV.
+  TileCursor<Config, Schedule> cur(schedule, tile);
+  if (cur.advance()) {
+    if (consumer == 1) named_barrier_arrive(kTurnBarrier);
+    // The first tile: S, softmax, and P ready for its PV.
     pipeline_k.consumer_wait(k_state);
     take_turn();
     issue_qk(k_state.index());
-    pass_turn();
+    pass_turn(false);
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_s);
     pipeline_k.consumer_release(k_state);
     ++k_state;
-    mask(k_tiles - 1);
+    mask(cur.seg, cur.j);
     online_softmax<kTileK>(acc_s, rows, p.scale_log2, rescale);
     to_p();
-    for (int j = k_tiles - 2; j >= 0; --j) {
-      // S of tile j and PV of tile j + 1 in flight together; O takes the rescale of tile j + 1's
-      // softmax while S runs.
+    while (cur.advance()) {
+      // S of this tile and PV of the previous one in flight together; O takes the rescale of the
+      // previous tile's softmax while S runs.
       pipeline_k.consumer_wait(k_state);
       take_turn();
       issue_qk(k_state.index());
       rescale_o();
       pipeline_v.consumer_wait(v_state);
       issue_pv(v_state.index());
-      pass_turn();
+      pass_turn(false);
       warpgroup_wait<1>();  // S done (wgmma batches complete in order)
       warpgroup_fence_operand(acc_s);
       pipeline_k.consumer_release(k_state);
       ++k_state;
-      mask(j);
+      mask(cur.seg, cur.j);
       online_softmax<kTileK>(acc_s, rows, p.scale_log2, rescale);
       warpgroup_wait<0>();  // PV done: P may be overwritten
       warpgroup_fence_operand(acc_o);
@@ -379,33 +485,49 @@ __global__ void __launch_bounds__(Config::kThreads, 1) sm90_attention_kernel(con
     pipeline_v.consumer_wait(v_state);
     take_turn();
     issue_pv(v_state.index());
-    pass_turn();
+    pass_turn(true);
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_o);
     pipeline_v.consumer_release(v_state);
   }
 
   // Epilogue: O / l in the input dtype, element pairs straight from registers; lse = max * scale + ln l.
-  const int64_t row_stride = static_cast<int64_t>(p.heads_q) * Config::kHeadDim;
-  Element* out = p.out + (static_cast<int64_t>(batch) * p.seq_q * p.heads_q + head) * Config::kHeadDim;
+  const int valid = min(tile.valid, Config::kTileQ);
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < 2; ++i) {
     float l = rows.sum[i];
     l += __shfl_xor_sync(0xffffffff, l, 1);
     l += __shfl_xor_sync(0xffffffff, l, 2);
     const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int query = q_first + coords.row0 + 8 * i;
-    if (query >= p.seq_q) continue;
-    Element* row = out + query * row_stride + coords.col0;
+    const int r = consumer * 64 + coords.row0 + 8 * i;  // within the tile
+    if (r >= valid) continue;
+    const int64_t row = tile.row0 + r;
+    Element* out = p.out + ((static_cast<int64_t>(tile.batch) * p.rows_q + row) * p.heads_q + tile.head) * Config::kHeadDim +
+                   coords.col0;
     CUTLASS_PRAGMA_UNROLL
     for (int n = 0; n < Config::kHeadDim / 8; ++n) {
-      *reinterpret_cast<uint32_t*>(row + 8 * n) = pack<Element>(acc_o(4 * n + 2 * i) * inv, acc_o(4 * n + 2 * i + 1) * inv);
+      *reinterpret_cast<uint32_t*>(out + 8 * n) = pack<Element>(acc_o(4 * n + 2 * i) * inv, acc_o(4 * n + 2 * i + 1) * inv);
     }
     if (p.lse != nullptr && coords.col0 == 0) {
-      p.lse[(static_cast<int64_t>(batch) * p.heads_q + head) * p.seq_q + query] =
+      p.lse[(static_cast<int64_t>(tile.batch) * p.heads_q + tile.head) * p.rows_q + row] =
           l > 0.f ? rows.max[i] * p.scale + __logf(l) : -INFINITY;
     }
   }
+}
+
+// The plain kernel: a CTA per (query tile, head, batch); under the causal mask the last query tiles,
+// which see the most keys, start first.
+template <class Config>
+__global__ void __launch_bounds__(Config::kThreads, 1) sm90_attention_kernel(const __grid_constant__ Params<Config> p,
+                                                                             int32_t causal) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) char smem[];
+  auto& shared = *reinterpret_cast<typename Config::SharedStorage*>(smem);
+  const int q_tile = causal ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
+  const int row0 = q_tile * Config::kTileQ;
+  const QueryTile tile{static_cast<int32_t>(blockIdx.z), static_cast<int32_t>(blockIdx.y), row0, p.rows_q - row0, row0};
+  DenseSchedule schedule{p.rows_k, causal};
+  attention_cta<Config>(p, schedule, tile, shared);
 #elif defined(__CUDA_ARCH__)
   // Compiled for a GPU without sm_90a's wgmma and TMA: stop with an error rather than leave out unwritten.
   __trap();

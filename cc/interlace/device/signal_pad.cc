@@ -12,6 +12,7 @@ const char* op_name(OpId op) {
     case OpId::kGemmAr: return "gemm_ar";
     case OpId::kMoeDispatch: return "moe_dispatch";
     case OpId::kMoeCombine: return "moe_combine";
+    case OpId::kRingAttention: return "ring_attention";
     case OpId::kCancel: return "a cancelled call";
     default: return "unknown op";
   }
@@ -29,6 +30,7 @@ const char* flag_name(FlagId flag) {
     case FlagId::kArrived: return "arrived (a source's rows for a local expert have landed)";
     case FlagId::kCombined: return "combined (an expert's outputs for this rank's tokens have landed)";
     case FlagId::kBarrier: return "barrier (a CTA of this rank finished a phase)";
+    case FlagId::kLanded: return "landed (a piece of a K/V block from the previous rank has landed)";
     default: return "unknown flag";
   }
 }

@@ -29,7 +29,8 @@ enum class OpId : int32_t {
   kGemmAr = 6,
   kMoeDispatch = 7,
   kMoeCombine = 8,
-  kCancel = 9,  // no flags: after the ops with regions
+  kRingAttention = 9,
+  kCancel = 10,  // no flags: after the ops with regions
 };
 enum class FlagId : int32_t {
   kNone = 0,
@@ -43,6 +44,7 @@ enum class FlagId : int32_t {
   kArrived = 8,   // moe_dispatch: a source's rows for a local expert
   kCombined = 9,  // moe_combine: an expert's outputs for this rank's tokens
   kBarrier = 10,  // moe: a CTA of this rank has finished a phase
+  kLanded = 11,   // ring_attention: a piece of a K/V block from rank - 1
 };
 
 // The handshake every op kernel makes on entry (device/op_sequence.cuh). Ops of a group run one
@@ -70,8 +72,8 @@ struct OpSignals {
 
 constexpr uint64_t kOpRegionBytes = uint64_t{1} << 20;
 // One region per op kind with flags: OpIds 1 .. kNumOpRegions (kAllGather, kAgGemm, kReduceScatter,
-// kAllReduce, kGemmRs, kGemmAr, kMoeDispatch, kMoeCombine). Grows with the ops.
-constexpr int kNumOpRegions = 8;
+// kAllReduce, kGemmRs, kGemmAr, kMoeDispatch, kMoeCombine, kRingAttention). Grows with the ops.
+constexpr int kNumOpRegions = 9;
 static_assert(static_cast<int>(OpId::kCancel) == kNumOpRegions + 1, "every op before kCancel has a region");
 
 struct SignalPad {

@@ -1,5 +1,5 @@
 """python -m interlace.bench {all_gather,gemm,ag_gemm,gemm_rs,gemm_ar,reduce_scatter,all_reduce,overhead,moe,
-    attention}
+    attention,ring_attention}
     [--world_size N] [--out_dir bench/results] ...
 
 Starts one process per local GPU, checks each op against its baselines, times everything in the
@@ -17,7 +17,7 @@ flags.DEFINE_integer("world_size", 0, "processes (GPUs); 0 = every visible GPU")
 flags.DEFINE_string("out_dir", "bench/results", "where the JSON and the plot go")
 flags.DEFINE_list("sizes", [], "all_gather, reduce_scatter, all_reduce: bytes per rank (suffixes K, M, G allowed); "
                   "ag_gemm, gemm_rs, gemm_ar: global MxKxN, or M (its sweeps' K and N); moe: config names; attention: "
-                  "sequence lengths; default: the op's sweep")
+                  "sequence lengths; ring_attention: global sequence lengths; default: the op's sweep")
 flags.DEFINE_integer("warmup", 0, "untimed launches before timing (0: the op's default)")
 flags.DEFINE_integer("iters", 0, "timed launches; the median is reported (0: the op's default)")
 flags.DEFINE_list("tunings", [], "interlace settings to time besides the automatic ones; all_gather, "
@@ -30,7 +30,8 @@ OPS = {"all_gather": ("interlace.bench.all_gather", True), "gemm": ("interlace.b
        "ag_gemm": ("interlace.bench.ag_gemm", True), "gemm_rs": ("interlace.bench.gemm_rs", True),
        "gemm_ar": ("interlace.bench.gemm_ar", True), "reduce_scatter": ("interlace.bench.reduce_scatter", True),
        "all_reduce": ("interlace.bench.all_reduce", True), "overhead": ("interlace.bench.overhead", True),
-       "moe": ("interlace.bench.moe", True), "attention": ("interlace.bench.attention", False)}
+       "moe": ("interlace.bench.moe", True), "attention": ("interlace.bench.attention", False),
+       "ring_attention": ("interlace.bench.ring_attention", True)}
 
 
 def main(argv):

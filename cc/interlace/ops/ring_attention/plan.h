@@ -27,6 +27,10 @@ constexpr int kRingAttentionMaxRanks = 72;
 // Flag values are op_number * stride + step: larger than any step (W <= 72), so every value of a
 // call is above every value of an earlier call, and a wait "flag >= value" needs no reset.
 constexpr uint64_t kRingAttentionFlagStride = 128;
+// Landing flags: rows per flag (at least; more where the flags would not fit the signal pad) and
+// the most flags a call uses.
+constexpr int32_t kRingAttentionFlagRows = 1024;
+constexpr int32_t kRingAttentionMaxPieces = 16384;
 
 // What a (query chunk, key chunk) block needs under the mask. Decided by chunk index alone: chunks
 // are contiguous and in order, so a lower key chunk lies wholly before the query chunk.
@@ -56,6 +60,8 @@ struct RingAttentionPlan {
   int32_t heads_kv = 1;
   int64_t chunk_base = 0;      // S / 2W
   int32_t chunk_extra = 0;     // S % 2W: chunks 0 .. chunk_extra-1 have one row more
+  int32_t batch = 1;
+  int32_t flag_rows = kRingAttentionFlagRows;  // rows per landing flag (a multiple of tile_k)
 
   // ---- Chunks. S = 2W * base + extra: the first `extra` chunks get base + 1 rows, the rest base. Any
   // S >= 0; with S < 2W some chunks (and so some ranks' halves) are empty.
@@ -141,23 +147,26 @@ struct RingAttentionPlan {
            static_cast<int64_t>(j + 1) * tile_k - 1 > static_cast<int64_t>(i) * tile_q;
   }
 
-  // ---- Double buffering. The block of step s >= 1 lands in receive slot s & 1 of its consumer
-  // (step 0's is the consumer's own input). The sender (rank - 1) stores the block, then stores
-  // landed_value(op, s) into the consumer's landed[s & 1]; the consumer waits for ">=" it. Once the
-  // consumer has computed with the block and forwarded it, it stores released_value(op, s) into the
-  // sender's released[s & 1]. Before pushing step s's block the sender waits for released[s & 1] >=
-  // release_wait(op, s): the consumer's release of step s-2, the slot's previous tenant. Steps 1 and
-  // 2 wait for nothing: the slot's tenant was the previous call's, and the op handshake already says
-  // the peer is done with the previous call's buffers (docs/DESIGN.md, "How every kernel starts").
-  IL_HOST_DEVICE static int32_t slot_of_step(int32_t s) { return s & 1; }
+  // ---- Receive slots and landing flags. The block of step s >= 1 lands in receive slot s - 1 of its
+  // consumer (step 0's is the consumer's own input): W - 1 slots, none reused within a call, so a
+  // sender never waits for its consumer, and a CTA that computes step s needs nothing but the
+  // block's arrival (CTAs of one launch run in any order, and all of them need not be resident).
+  // Within a block the rows of each (batch, KV head) are cut into pieces of flag_rows rows, each
+  // with a landing flag, so that compute starts on the first heads while the rest still travel:
+  // piece p of (b, h) is flag (b * Hkv + h) * pieces_per_head() + p. One sender CTA owns a piece for
+  // every step: it raises the flag to landed_value(op, s) for step s, after step s - 1's, so one
+  // flag per piece serves all steps and ">=" waits need no reset (values only grow across calls).
+  IL_HOST_DEVICE static int32_t slot_of_step(int32_t s) { return s - 1; }
   IL_HOST_DEVICE static uint64_t epoch_base(uint64_t op_number) { return op_number * kRingAttentionFlagStride; }
   IL_HOST_DEVICE static uint64_t landed_value(uint64_t op_number, int32_t s) {
     return epoch_base(op_number) + static_cast<uint64_t>(s);
   }
-  IL_HOST_DEVICE static uint64_t released_value(uint64_t op_number, int32_t s) { return landed_value(op_number, s); }
-  // 0 (a wait that always passes) when there is nothing to wait for.
-  IL_HOST_DEVICE static uint64_t release_wait(uint64_t op_number, int32_t s) {
-    return s >= 3 ? released_value(op_number, s - 2) : 0;
+  IL_HOST_DEVICE int32_t pieces_per_head() const {
+    return static_cast<int32_t>((max_local_rows() + flag_rows - 1) / flag_rows);
+  }
+  IL_HOST_DEVICE int32_t pieces() const { return batch * heads_kv * pieces_per_head(); }
+  IL_HOST_DEVICE int32_t piece_of(int32_t b, int32_t h, int64_t row) const {
+    return (b * heads_kv + h) * pieces_per_head() + static_cast<int32_t>(row / flag_rows);
   }
 
   // ---- GQA: Hq = g * Hkv; query head hq reads key/value head hq / g (consecutive query heads share).
@@ -165,17 +174,21 @@ struct RingAttentionPlan {
   IL_HOST_DEVICE int32_t kv_head(int32_t hq) const { return hq / group_size(); }
 };
 
-// Flags in ring attention's region of every rank's signal pad: landed is written by rank - 1 (the
-// sender), released by rank + 1 (the consumer), each waited on by its owner.
+// Flags in ring attention's region of every rank's signal pad.
 struct RingAttentionFlags {
-  uint64_t landed[2];
-  uint64_t released[2];
+  uint64_t landed[kRingAttentionMaxPieces];  // written by rank - 1 (the sender), waited on here
+  // local: (op number << 32 | CTAs that took a role), so that roles go by the order in which CTAs
+  // start (senders first: they must be running before anyone waits for them), and a count left by
+  // an aborted call is void in the next.
+  unsigned long long ticket;
 };
 
 // Checks the arguments (W in 1 .. kRingAttentionMaxRanks, 0 <= rank < W, S >= 0 and under 2^31
-// rows, tiles >= 1, heads >= 1 with Hq a multiple of Hkv) and raises interlace::Error otherwise.
+// rows, tiles >= 1, heads >= 1 with Hq a multiple of Hkv, batch >= 1) and raises interlace::Error
+// otherwise. flag_rows grows past kRingAttentionFlagRows (in whole tiles) until the pieces fit
+// kRingAttentionMaxPieces.
 RingAttentionPlan make_ring_attention_plan(int world, int rank, int64_t seq, bool causal, int heads_q, int heads_kv,
-                                           int tile_q = 128, int tile_k = 128);
+                                           int tile_q = 128, int tile_k = 128, int batch = 1);
 
 static_assert(std::is_trivially_copyable<RingAttentionPlan>::value, "the plan is a kernel parameter");
 static_assert(sizeof(RingAttentionPlan) <= 128, "the plan outgrew its share of kernel parameters");

@@ -1,0 +1,231 @@
+// Ring attention in one launch: every rank's K/V block travels around the ring over NVLink while the
+// attention engine (attention/sm90_attention.cuh) computes on the blocks that have landed.
+//
+// The grid is a few sender CTAs plus a CTA per (query tile, head, batch). CTAs take their role from
+// a ticket in the order they start, senders first: a sender must be running before anyone waits for
+// it, and CTAs of a launch this large are not all resident. Per launch:
+//   1. every CTA makes the op handshake (device/op_sequence.cuh): every peer runs this call, and has
+//      finished the previous one, so nothing still reads the receive slots stores land in;
+//   2. sender c, for each step s < W - 1, forwards piece c, c + senders, ... of step s's block (its
+//      own K/V at step 0, then what rank - 1 sent) into rank + 1's receive slot for step s + 1, and
+//      raises the piece's landing flag there; from step 1 on it first waits for the piece to land here;
+//   3. a compute CTA runs its query tile against step 0's block (its own K/V), then each later step's,
+//      its producer waiting for the pieces of a key tile to land (then a proxy fence, for TMA) before
+//      loading it. Under the causal mask with the zigzag sharding, the plan names the (query half,
+//      key half) pairs a step computes, full or on the diagonal (ring_attention/plan.h).
+// All flags grow across calls (op number x 128 + step), so a captured graph replays correctly.
+#pragma once
+
+#include <cstdint>
+
+#include "interlace/attention/sm90_attention.cuh"
+#include "interlace/device/op_sequence.cuh"
+#include "interlace/device/transport.cuh"
+#include "interlace/ops/ring_attention/plan.h"
+
+namespace interlace {
+
+template <class Config>
+struct RingAttentionParams {
+  attention_engine::Params<Config> attn;  // tma_k_recv, tma_v_recv: the receive slots
+  device::NvlinkTransport transport;
+  device::WaitContext wait;
+  uint64_t signature;
+  RingAttentionPlan plan;
+  const char* k;        // this rank's K and V, [B, rows_k, Hkv, D]
+  const char* v;
+  uint64_t recv;        // heap offset of the receive slots, [W - 1][K, V][B, rows_recv, Hkv, D]
+  int32_t senders;      // CTAs that forward blocks (0 for one rank)
+  int32_t q_tiles[2];   // query tiles of this rank's two halves (causal), or [all, 0]
+};
+
+namespace ring_attention_detail {
+
+// This CTA's role for op number `op`: 0, 1, ... in the order CTAs get here. The word holds (op <<
+// 32 | count), so a count an aborted call left behind is void in the next call.
+__device__ inline int take_ticket(unsigned long long* word, uint64_t op) {
+  const unsigned long long tag = (op & 0xffffffffull) << 32;
+  unsigned long long seen = *reinterpret_cast<volatile unsigned long long*>(word), assumed;
+  do {
+    assumed = seen;
+    const unsigned long long next = (assumed & ~0xffffffffull) == tag ? assumed + 1 : tag | 1;
+    seen = atomicCAS(word, assumed, next);
+  } while (seen != assumed);
+  return (assumed & ~0xffffffffull) == tag ? static_cast<int>(assumed & 0xffffffffull) : 0;
+}
+
+// The keys a compute CTA visits: per step, its own K/V first, then the blocks of ranks r-1, r-2, ...
+// as they land; per step up to two segments, the halves of the block the plan pairs with the CTA's
+// query half.
+struct RingSchedule {
+  const RingAttentionPlan& plan;
+  int32_t query_half;  // 0 or 1 (causal); non-causal CTAs take the shard whole
+  const device::NvlinkTransport& transport;
+  const device::WaitContext& wait;
+  RingAttentionFlags* flags;
+  uint64_t op;
+  // The pieces last seen landed (a key tile spans at most two), for the step they were seen at.
+  int32_t seen_step = -1, seen[2] = {-1, -1};
+
+  __device__ int segments() const { return 2 * plan.world; }
+
+  __device__ attention_engine::KeySegment segment(int g, const attention_engine::QueryTile&) const {
+    const int s = g / 2, half = g % 2;
+    const int origin = plan.kv_origin(plan.rank, s);
+    const int slot = s == 0 ? -1 : RingAttentionPlan::slot_of_step(s);
+    if (!plan.causal) {  // the whole block at once
+      return attention_engine::KeySegment{slot, 0, half == 0 ? static_cast<int32_t>(plan.local_rows(origin)) : 0, 0, s};
+    }
+    const RingBlockKind kind = plan.kind(plan.rank, query_half, origin, half);
+    const int rows = kind == RingBlockKind::kMasked ? 0 : static_cast<int>(plan.chunk_rows(plan.chunk_of(origin, half)));
+    const int row0 = half == 0 ? 0 : static_cast<int>(plan.chunk_rows(origin));
+    return attention_engine::KeySegment{slot, row0, rows, kind == RingBlockKind::kDiagonal ? 1 : 0, s};
+  }
+
+  // Producer thread, before loading keys [lo, hi) of (batch, KV head): from step 1 on, the pieces that
+  // hold them must have landed. A failed wait (a dead peer, an abort) is recorded and the loads go
+  // ahead on whatever is there: the consumers never hang, and the host raises the fault.
+  __device__ void wait_keys(const attention_engine::KeySegment& seg, int batch, int head_kv, int lo, int hi) {
+    if (seg.step == 0 || hi <= lo) return;
+    if (seg.step != seen_step) {
+      seen_step = seg.step;
+      seen[0] = seen[1] = -1;
+    }
+    const uint64_t value = RingAttentionPlan::landed_value(op, seg.step);
+    const int first = plan.piece_of(batch, head_kv, lo), last = plan.piece_of(batch, head_kv, hi - 1);
+    bool fresh = false;
+    for (int piece = first; piece <= last; ++piece) {  // one or two pieces (a tile is within flag_rows)
+      if (piece == seen[0] || piece == seen[1]) continue;
+      transport.wait(&flags->landed[piece], value, wait, FlagId::kLanded, plan.recv_from());
+      seen[1] = seen[0];
+      seen[0] = piece;
+      fresh = true;
+    }
+    // TMA (the async proxy) must see what the sender's SM stores (the generic proxy) wrote.
+    if (fresh) asm volatile("fence.proxy.async.global;" ::: "memory");
+  }
+};
+
+// Rows [r0, r1) of (batch, KV head) of one K or V tensor into another, 16 bytes a thread at a time;
+// rows are kRowBytes apart in neither (heads interleave), so each is its own run.
+template <int kRowBytes>
+__device__ __forceinline__ void copy_rows(char* dst, int64_t dst_row_stride, const char* src, int64_t src_row_stride,
+                                          int r0, int r1) {
+  constexpr int kVectors = kRowBytes / 16;
+  constexpr int kUnroll = 4;
+  const int vec = threadIdx.x % kVectors;
+  const int rows_per_pass = blockDim.x / kVectors;
+  for (int row = r0 + static_cast<int>(threadIdx.x) / kVectors; row < r1; row += rows_per_pass * kUnroll) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int r = row + u * rows_per_pass;
+      if (r < r1) v[u] = reinterpret_cast<const uint4*>(src + r * src_row_stride)[vec];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int r = row + u * rows_per_pass;
+      if (r < r1) reinterpret_cast<uint4*>(dst + r * dst_row_stride)[vec] = v[u];
+    }
+  }
+}
+
+// Sender `sender`: forwards its pieces of every step's block to rank + 1.
+template <class Config>
+__device__ void send(const RingAttentionParams<Config>& p, RingAttentionFlags& flags, uint64_t op, int sender) {
+  using Element = typename Config::Element;
+  constexpr int kRowBytes = Config::kHeadDim * sizeof(Element);
+  const RingAttentionPlan& plan = p.plan;
+  const device::NvlinkTransport& t = p.transport;
+  const int next = plan.send_to();
+  const int64_t heads = plan.heads_kv;
+  const int64_t row_stride = heads * kRowBytes;
+  const int64_t slot_rows = p.attn.rows_recv;
+  const int64_t tensor_bytes = static_cast<int64_t>(plan.batch) * slot_rows * row_stride;  // one K or V in a slot
+  char* mine = t.heaps[t.local_rank] + p.recv;
+  char* theirs = t.heaps[next] + p.recv;
+  __shared__ int failed;
+  for (int s = 0; s + 1 < plan.world; ++s) {
+    const int rows = static_cast<int>(plan.local_rows(plan.kv_origin(plan.rank, s)));
+    const int64_t src_rows = s == 0 ? p.attn.rows_k : slot_rows;
+    for (int piece = sender; piece < plan.pieces(); piece += p.senders) {
+      const int per_head = plan.pieces_per_head();
+      const int bh = piece / per_head, part = piece % per_head;
+      const int b = bh / plan.heads_kv, h = bh % plan.heads_kv;
+      const int r0 = part * plan.flag_rows, r1 = min(r0 + plan.flag_rows, rows);
+      if (threadIdx.x == 0) {
+        failed = 0;
+        if (s > 0 && t.wait(&flags.landed[piece], RingAttentionPlan::landed_value(op, s), p.wait, FlagId::kLanded,
+                            plan.recv_from()) == 0) {
+          failed = 1;
+        }
+      }
+      __syncthreads();
+      if (failed) return;  // recorded: the group is aborted, and every waiter stops
+      if (r0 < r1) {
+        const int64_t head_offset = h * static_cast<int64_t>(kRowBytes);
+        const int64_t src_offset = b * src_rows * row_stride + head_offset;
+        const int64_t dst_offset = (2 * RingAttentionPlan::slot_of_step(s + 1)) * tensor_bytes + b * slot_rows * row_stride +
+                                   head_offset;
+        const char* src_k = s == 0 ? p.k : mine + (2 * RingAttentionPlan::slot_of_step(s)) * tensor_bytes;
+        const char* src_v = s == 0 ? p.v : src_k + tensor_bytes;
+        copy_rows<kRowBytes>(theirs + dst_offset, row_stride, src_k + src_offset, row_stride, r0, r1);
+        copy_rows<kRowBytes>(theirs + dst_offset + tensor_bytes, row_stride, src_v + src_offset, row_stride, r0, r1);
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) t.signal(next, &flags.landed[piece], RingAttentionPlan::landed_value(op, s + 1));
+    }
+  }
+}
+
+}  // namespace ring_attention_detail
+
+template <class Config>
+__global__ void __launch_bounds__(Config::kThreads, 1)
+    ring_attention_kernel(const __grid_constant__ RingAttentionParams<Config> p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace ring_attention_detail;
+  const device::NvlinkTransport& t = p.transport;
+  if (!device::op_enter(t, p.wait, p.signature)) return;
+  RingAttentionFlags& flags = *op_flags<RingAttentionFlags, OpId::kRingAttention>(t.my_pad());
+  // The op's number, as op_begin read it: ops of a group run one at a time, so it is completed + 1.
+  const uint64_t op = *reinterpret_cast<volatile uint64_t*>(&t.my_pad()->ops.completed) + 1;
+  __shared__ int ticket;
+  if (threadIdx.x == 0) ticket = take_ticket(&flags.ticket, op);
+  __syncthreads();
+  const int role = ticket;
+  if (role < p.senders) {
+    send(p, flags, op, role);
+  } else {
+    extern __shared__ __align__(1024) char smem[];
+    auto& shared = *reinterpret_cast<typename Config::SharedStorage*>(smem);
+    const RingAttentionPlan& plan = p.plan;
+    // Heaviest first: under the causal mask a rank's second half (a late chunk) sees far more keys
+    // than its first, and within a half the last tiles see the most of the diagonal. A CTA per
+    // (tile, head, batch), tiles of one head together (they read the same K/V).
+    const int x = role - p.senders;
+    const int second = p.q_tiles[1] * plan.heads_q * plan.batch;
+    const int half = x < second ? 1 : 0;
+    const int rest = x < second ? x : x - second;
+    const int tiles = p.q_tiles[half];
+    const int head = (rest / tiles) % plan.heads_q, batch = rest / (tiles * plan.heads_q);
+    const int tile_in_half = tiles - 1 - rest % tiles;
+    // Causal: the query half's own rows; otherwise the whole shard.
+    const int half_start = half == 0 ? 0 : static_cast<int>(plan.chunk_rows(plan.rank));
+    const int half_rows = !plan.causal ? p.attn.rows_q
+                                       : static_cast<int>(plan.chunk_rows(plan.chunk_of(plan.rank, half)));
+    const int offset = tile_in_half * Config::kTileQ;
+    const attention_engine::QueryTile tile{batch, head, half_start + offset, half_rows - offset, offset};
+    RingSchedule schedule{plan, half, t, p.wait, &flags, op};
+    attention_engine::attention_cta<Config, RingSchedule, 48, 224>(p.attn, schedule, tile, shared);
+    // The producer's warp comes back diverged (one lane issued the loads): reconverge it before
+    // op_end's __syncthreads, an aligned barrier every lane of a warp must reach together.
+    __syncwarp();
+  }
+  device::op_end(t);
+#elif defined(__CUDA_ARCH__)
+  __trap();  // built for a GPU without sm_90a: stop rather than leave out unwritten
+#endif
+}
+
+}  // namespace interlace

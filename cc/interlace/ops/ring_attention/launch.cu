@@ -1,0 +1,119 @@
+#include "interlace/ops/ring_attention/launch.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "interlace/attention/args.h"
+#include "interlace/base/cuda.h"
+#include "interlace/ops/ring_attention/kernel.cuh"
+#include "interlace/runtime/op_call.h"
+
+namespace interlace {
+namespace {
+
+using detail::concat;
+
+// CTAs that forward blocks: enough to keep NVLink busy (each pushes its pieces with 16-byte stores),
+// few enough that the SMs they hold while the blocks travel cost little compute.
+constexpr int kSenders = 16;
+
+template <class Element, int kHeadDim>
+void launch(OpCall& call, Group& group, const AttentionProblem& a, const RingAttentionPlan& plan, uint64_t signature,
+            uint64_t recv, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+            const TensorView* lse) {
+  using Config = attention_engine::Config<Element, kHeadDim>;
+  RingAttentionParams<Config> p{};
+  attention_engine::Params<Config>& attn = p.attn;
+  const int64_t slot_rows = plan.max_local_rows();
+  const int64_t slots = std::max(plan.world - 1, 1);
+  const auto* recv_k = reinterpret_cast<const Element*>(group.heap().local_base() + recv);
+  const auto* recv_v = recv_k + a.batch * slot_rows * a.heads_kv * kHeadDim;
+  // An empty shard is never read, but its descriptors need an address.
+  const auto address = [&](const TensorView& t) { return static_cast<const Element*>(a.seq_q > 0 ? t.data : recv_k); };
+  attn.tma_q = Config::tma_q(address(q), a.batch, a.seq_q, a.heads_q);
+  attn.tma_k = Config::tma_k(address(k), a.batch, a.seq_k, a.heads_kv, 1);
+  attn.tma_v = Config::tma_v(address(v), a.batch, a.seq_k, a.heads_kv, 1);
+  // A slot holds a block's K, then its V: both views step two tensors from slot to slot.
+  const int64_t slot_stride = 2 * a.batch * slot_rows * a.heads_kv * kHeadDim;
+  attn.tma_k_recv = Config::tma_k(recv_k, a.batch, slot_rows, a.heads_kv, slots, slot_stride);
+  attn.tma_v_recv = Config::tma_v(recv_v, a.batch, slot_rows, a.heads_kv, slots, slot_stride);
+  attn.out = static_cast<Element*>(out.data);
+  attn.lse = lse != nullptr ? static_cast<float*>(lse->data) : nullptr;
+  attn.batch = static_cast<int32_t>(a.batch);
+  attn.rows_q = static_cast<int32_t>(a.seq_q);
+  attn.rows_k = static_cast<int32_t>(a.seq_k);
+  attn.rows_recv = static_cast<int32_t>(slot_rows);
+  attn.slots = static_cast<int32_t>(slots);
+  attn.heads_q = static_cast<int32_t>(a.heads_q);
+  attn.heads_kv = static_cast<int32_t>(a.heads_kv);
+  attn.scale = a.softmax_scale;
+  attn.scale_log2 = static_cast<float>(a.softmax_scale * M_LOG2E);
+  p.transport = call.nvlink();
+  p.wait = call.wait_context();
+  p.signature = signature;
+  p.plan = plan;
+  p.k = static_cast<const char*>(k.data);
+  p.v = static_cast<const char*>(v.data);
+  p.recv = recv;
+  p.senders = plan.world > 1 ? std::min(kSenders, plan.pieces()) : 0;
+  const auto tiles = [](int64_t rows) { return static_cast<int32_t>((rows + Config::kTileQ - 1) / Config::kTileQ); };
+  if (plan.causal) {
+    p.q_tiles[0] = tiles(plan.chunk_rows(plan.rank));
+    p.q_tiles[1] = tiles(plan.chunk_rows(plan.chunk_of(plan.rank, 1)));
+  } else {
+    p.q_tiles[0] = tiles(a.seq_q);
+    p.q_tiles[1] = 0;
+  }
+  const int64_t ctas = p.senders + static_cast<int64_t>(p.q_tiles[0] + p.q_tiles[1]) * a.heads_q * a.batch;
+  IL_CHECK(ctas < (int64_t{1} << 31), "ring_attention: ", ctas, " CTAs are more than one launch takes");
+  auto kernel = ring_attention_kernel<Config>;
+  const int smem = static_cast<int>(sizeof(typename Config::SharedStorage));
+  IL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  call.launch([&](cudaStream_t s) {
+    kernel<<<static_cast<unsigned>(ctas), Config::kThreads, smem, s>>>(p);
+  });
+}
+
+}  // namespace
+
+void ring_attention(Group& group, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                    const TensorView* lse, bool causal, double softmax_scale, int64_t seq_len, cudaStream_t stream) {
+  OpCall call(group, OpId::kRingAttention, stream);
+  const Topology& topo = group.topology();
+  AttentionProblem a;
+  RingAttentionPlan plan;
+  uint64_t recv = 0;
+  const uint64_t signature = call.agree([&] {
+    check_one_node(group, "ring_attention");
+    // The local shard's checks are the plain attention's (causal there means S_q == S_k, which a
+    // shard of q and of k satisfy), with the global mask decided below.
+    a = check_attention_args(q, k, v, out, lse, false, softmax_scale, group.device());
+    require_hopper(group.device(), "ring_attention");
+    IL_CHECK(a.seq_q == a.seq_k, "ring_attention: q's shard has ", a.seq_q, " rows but k's ", a.seq_k,
+             "; every rank holds the same rows of q, k and v");
+    const int64_t seq = seq_len > 0 ? seq_len : a.seq_q * topo.world_size;
+    plan = make_ring_attention_plan(topo.world_size, topo.rank, seq, causal, static_cast<int>(a.heads_q),
+                                    static_cast<int>(a.heads_kv), 128, 128, static_cast<int>(a.batch));
+    IL_CHECK(plan.local_rows(topo.rank) == a.seq_q, "ring_attention: rank ", topo.rank, "'s shard of a sequence of ",
+             seq, " rows over ", topo.world_size, " ranks has ", plan.local_rows(topo.rank), " rows, but q has ",
+             a.seq_q, seq_len > 0 ? "" : " (pass seq_len, the global length, where 2 x world_size does not divide it)");
+    const int64_t elem = 2;
+    const uint64_t bytes = static_cast<uint64_t>(std::max(topo.world_size - 1, 0)) * 2 * a.batch *
+                           plan.max_local_rows() * a.heads_kv * a.head_dim * elem;
+    recv = bytes == 0 ? 0 : group.scratch(bytes, "ring_attention's receive slots ((world_size - 1) K/V blocks)",
+                                          call.capturing());
+    return concat("ring_attention(seq=", seq, ", batch=", a.batch, ", heads_q=", a.heads_q, ", heads_kv=", a.heads_kv,
+                  ", head_dim=", a.head_dim, ", dtype=", q.dtype_name(), ", causal=", causal ? 1 : 0,
+                  ", scale=", a.softmax_scale, ", lse=", lse != nullptr ? 1 : 0, ", recv=", recv, ")");
+  });
+  // An empty call still runs its kernel (the handshake alone): every call takes its place in the op
+  // sequence on every rank.
+  auto by_dim = [&](auto element) {
+    using E = decltype(element);
+    a.head_dim == 64 ? launch<E, 64>(call, group, a, plan, signature, recv, q, k, v, out, lse)
+                     : launch<E, 128>(call, group, a, plan, signature, recv, q, k, v, out, lse);
+  };
+  a.dtype == AttentionDtype::kBf16 ? by_dim(cutlass::bfloat16_t{}) : by_dim(cutlass::half_t{});
+}
+
+}  // namespace interlace

@@ -1,0 +1,40 @@
+"""ring_attention on real GPUs: each test starts two processes (one per GPU) running a scenario of
+ring_attention_worker.py, and fails with every rank's output if any rank fails.
+
+  shapes      16 cases x 2 calls: global S from 3 to 8192 (shorter than 2W, not a multiple of 2W,
+              chunks not a multiple of the tile), batch 1 and 2, GQA 1, 2, 4 and 8, D 64 and 128,
+              causal and not, bf16 and fp16; out and lse poisoned, against fp32 attention over the
+              whole sequence; the second call bit for bit the first
+  streams     calls back to back on two streams, all_reduces among them
+  graph       a CUDA graph of two calls replayed with fresh inputs, eager calls around it
+  validation  bad arguments, and arguments that differ across ranks, raise on every rank before any
+              GPU work; the group stays usable"""
+import os
+
+import pytest
+
+from interlace.bench.launch import run_scenario
+
+WORKER = os.path.join(os.path.dirname(__file__), "ring_attention_worker.py")
+WORLD = 2
+pytestmark = pytest.mark.gpus(WORLD)
+
+
+def run(scenario, timeout_s=150):
+    return run_scenario(WORKER, scenario, WORLD, timeout_s)
+
+
+def test_shapes_against_fp32_attention_over_the_whole_sequence():
+    run("shapes", timeout_s=300)
+
+
+def test_back_to_back_calls_on_two_streams():
+    run("streams")
+
+
+def test_cuda_graph_replays_with_changing_inputs():
+    run("graph")
+
+
+def test_bad_arguments_raise_before_gpu_work():
+    run("validation")
