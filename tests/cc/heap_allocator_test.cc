@@ -63,5 +63,29 @@ TEST(HeapAllocator, RandomAllocFreeCoalescesBackToOneBlock) {
   EXPECT_EQ(a.largest_free_block(), 1u << 22);
 }
 
+// A scratch rollback puts the old block back where it was, whatever lies around it: from the top it
+// would land elsewhere once the space above it is free (the case a review found).
+TEST(HeapAllocator, AllocateAtPutsAFreedBlockBackExactly) {
+  HeapAllocator a(0, 100 * 256);
+  const size_t low = a.allocate(60 * 256, "u1");
+  const size_t high = a.allocate(40 * 256, "u2");
+  a.free(low);
+  const size_t old = a.allocate(10 * 256, "scratch", /*from_top=*/true);
+  EXPECT_EQ(old, 50u * 256);
+  a.free(high);
+  a.free(old);  // the growth
+  const size_t grown = a.allocate(30 * 256, "scratch", true);
+  a.free(grown);  // the rollback
+  EXPECT_NE(a.allocate(10 * 256, "from the top", true), old);  // what a rollback by allocate would get
+  HeapAllocator b(0, 100 * 256);
+  b.allocate_at(old, 10 * 256);
+  EXPECT_EQ(b.allocate(50 * 256, "below"), 0u);
+  EXPECT_EQ(b.allocate(40 * 256, "above", true), 60u * 256);
+  EXPECT_THROW(b.allocate_at(old, 256), Error);  // taken
+  b.free(old);
+  b.allocate_at(old + 256, 256);  // inside a free block, splitting it in two
+  EXPECT_EQ(b.largest_free_block(), 8u * 256);  // [50, 51) and [52, 60) left
+}
+
 }  // namespace
 }  // namespace interlace

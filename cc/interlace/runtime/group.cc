@@ -78,7 +78,8 @@ Group::Group(GroupOptions options) : options_(std::move(options)) {
   IL_CUDA_CHECK(cudaEventCreateWithFlags(&last_op_, cudaEventDisableTiming));
   watchdog_ = std::make_unique<Watchdog>(*bootstrap_, &control_host_->abort, [this] { return describe_abort(); },
                                          options_.heartbeat_timeout_s, options_.timeout_s);
-  heap_ = std::make_unique<SymmetricHeap>(*bootstrap_, topo_, device_, options_.heap_bytes, mapped_ranks);
+  const bool rdma = backend == CrossNodeBackend::kRc || backend == CrossNodeBackend::kSrd;
+  heap_ = std::make_unique<SymmetricHeap>(*bootstrap_, topo_, device_, options_.heap_bytes, mapped_ranks, rdma);
   if (topo_.num_nodes > 1) {
     CrossNodePathOptions c;
     c.backend = backend;
@@ -291,17 +292,15 @@ void Group::commit_scratch() {
   scratch_grown_ = false;
 }
 
-// The freed block comes back where it was: the allocator is deterministic, and the free space is as
-// it was before the growth (nothing else allocates in between: the call holds the group's lock).
+// The old block goes back at its own offset, as on the ranks that never grew: its bytes are free
+// (nothing else allocates in between: the call holds the group's lock).
 void Group::rollback_scratch() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (!scratch_grown_) return;
   scratch_grown_ = false;
   if (scratch_.bytes) heap_->allocator().free(scratch_.offset);
   scratch_ = scratch_before_;
-  if (scratch_.bytes && !scratch_.captured) {
-    scratch_.offset = heap_->allocator().allocate(scratch_.bytes, "the restored scratch", /*from_top=*/true);
-  }
+  if (scratch_.bytes && !scratch_.captured) heap_->allocator().allocate_at(scratch_.offset, scratch_.bytes);
 }
 
 }  // namespace interlace

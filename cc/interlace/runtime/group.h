@@ -150,7 +150,8 @@ class Group : public std::enable_shared_from_this<Group> {
     bool captured = false;
   };
   ScratchBlock scratch_;
-  // The block scratch_ replaced in the call being agreed, freed on commit, restored on rollback.
+  // The block scratch_ replaced in the call being agreed (freed at the growth unless a graph holds
+  // it), put back on rollback.
   bool scratch_grown_ = false;
   ScratchBlock scratch_before_;
   void commit_scratch();

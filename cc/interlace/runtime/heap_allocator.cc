@@ -34,6 +34,19 @@ size_t HeapAllocator::allocate(size_t bytes, const char* what, bool from_top) {
           largest_free_block(), " of ", size_, "; create the group with a larger heap_bytes");
 }
 
+void HeapAllocator::allocate_at(size_t offset, size_t bytes) {
+  const size_t need = (std::max<size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+  auto it = free_.upper_bound(offset);
+  IL_CHECK(it != free_.begin(), "the symmetric heap's bytes at ", offset, " are not free");
+  --it;  // the free block that starts at or before offset
+  const size_t start = it->first, size = it->second;
+  IL_CHECK(offset + need <= start + size, "the symmetric heap's bytes at ", offset, " (", need, ") are not free");
+  free_.erase(it);
+  if (offset > start) free_[start] = offset - start;
+  if (start + size > offset + need) free_[offset + need] = start + size - offset - need;
+  used_[offset] = need;
+}
+
 void HeapAllocator::free(size_t offset) {
   auto it = used_.find(offset);
   IL_CHECK(it != used_.end(), "freeing an offset the symmetric heap did not hand out: ", offset);

@@ -18,6 +18,9 @@ class HeapAllocator {
   // when no free block is large enough.
   size_t allocate(size_t bytes, const char* what, bool from_top = false);
   void free(size_t offset);
+  // Takes [offset, offset + bytes) (rounded up as allocate rounds), which must be free: puts a block
+  // freed a moment ago back where it was.
+  void allocate_at(size_t offset, size_t bytes);
   size_t largest_free_block() const;
   size_t size() const { return size_; }
 

@@ -61,6 +61,26 @@ void OpCall::check_stream() {
 
 uint64_t OpCall::agree(const std::function<std::string()>& checks) {
   Watchdog& watchdog = *group_.watchdog_;
+  // Scratch grown by the checks counts only once every rank agreed: any way out of here before
+  // that (a refusal here or elsewhere, an abort, an exception) rolls it back.
+  struct ScratchVote {
+    Group& group;
+    bool agreed = false;
+    ~ScratchVote() {
+      try {
+        if (agreed) {
+          group.commit_scratch();
+        } else {
+          group.rollback_scratch();
+        }
+      } catch (const std::exception& e) {  // a heap this rank can no longer vouch for
+        try {
+          group.abort(concat("rank ", group.rank(), ": putting the op scratch back failed: ", e.what()));
+        } catch (...) {
+        }
+      }
+    }
+  } scratch_vote{group_};
   std::string signature;
   std::string failure;
   try {
@@ -72,7 +92,6 @@ uint64_t OpCall::agree(const std::function<std::string()>& checks) {
     failure = concat(op_name(op_), ": ", e.what());
   }
   if (!failure.empty()) {  // every rank must hear of it, whatever went wrong
-    group_.rollback_scratch();
     watchdog.vote(call_, failure, /*failed=*/true, /*wait=*/false);
     cancel_on_device();
     throw Error(failure);
@@ -81,16 +100,14 @@ uint64_t OpCall::agree(const std::function<std::string()>& checks) {
   const Verdict verdict = watchdog.vote(call_, signature, /*failed=*/false, /*wait=*/!seen_before);
   switch (verdict.kind) {
     case Verdict::kAgreed:
-      group_.commit_scratch();
+      scratch_vote.agreed = true;
       break;
     case Verdict::kCancelled:
-      group_.rollback_scratch();
       group_.take_cancel_reason(call_);  // reported here, not again by check()
       group_.cancels_reported_ = std::max(group_.cancels_reported_, call_);
       cancel_on_device();
       IL_FAIL("rank ", group_.rank(), ": ", op_name(op_), " was not run: ", verdict.text);
     default:
-      group_.rollback_scratch();
       group_.check();  // raises, naming what aborted the group
       IL_FAIL("rank ", group_.rank(), ": ", op_name(op_), ": ", verdict.text);
   }

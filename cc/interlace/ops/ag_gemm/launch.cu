@@ -205,7 +205,7 @@ void ag_gemm(Group& group, const TensorView& a_shard, const TensorView& b, const
     s.rows = make_ag_gemm_rows(rows, topo.local_rank, 128);
 
     // Where the shards land: gathered itself when it is symmetric, else heap scratch. (Scratch grown
-    // here stays with the group even if a check below fails: growth is safe at any time.)
+    // here is rolled back if a check below fails, here or on any rank: OpCall::agree.)
     const long long gathered_offset = gathered ? heap.offset_of(gathered->data, gathered->nbytes()) : -1;
     const uint64_t a_bytes = static_cast<uint64_t>(m) * row_bytes;
     const size_t landing = gathered_offset >= 0 ? static_cast<size_t>(gathered_offset)
