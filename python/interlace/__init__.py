@@ -135,6 +135,12 @@ def gemm(a, b, out, *, stream=None, band_m=0, tile_n=0, cluster_m=0, pingpong=Tr
             band_m=band_m, tile_n=tile_n, cluster_m=cluster_m, pingpong=pingpong)
 
 
+def _check_scale(op, softmax_scale):
+    # The binding takes 0 for "1 / sqrt(D)": a scale of 0 given on purpose must not mean that.
+    if softmax_scale is not None and not softmax_scale > 0:
+        raise Error(f"{op}: softmax_scale {softmax_scale} must be positive (None: 1 / sqrt(head_dim))")
+
+
 def attention(q, k, v, out, *, causal=False, softmax_scale=None, lse=None, stream=None):
     """out = softmax(q k^T * softmax_scale) v on one GPU with interlace's Hopper attention engine, the
     compute ring attention runs per block. q and out are [B, S_q, Hq, D], k and v [B, S_k, Hkv, D], all
@@ -146,6 +152,7 @@ def attention(q, k, v, out, *, causal=False, softmax_scale=None, lse=None, strea
     GPU work on bad arguments."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: interlace.attention writes into out")
+    _check_scale("attention", softmax_scale)
     if stream is None:
         stream = _frameworks.current_stream(out, q, k, v)
     _C.attention(_frameworks.as_dlpack(q), _frameworks.as_dlpack(k), _frameworks.as_dlpack(v),
@@ -328,6 +335,7 @@ def ring_attention(q, k, v, out, group, *, causal=False, softmax_scale=None, lse
     work on bad arguments."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: interlace.ring_attention writes into out")
+    _check_scale("ring_attention", softmax_scale)
     native = _native(group)
     if stream is None:
         stream = _frameworks.current_stream(out, q, k, v)

@@ -18,10 +18,11 @@ torch.backends.cuda.matmul.allow_tf32 = False  # the reference is true fp32
 TIMEOUT_S = 20.0
 HEAP = 1 << 30
 
-# (S global, batch, Hq, Hkv, D, causal). S: multiples of 2W and not (seq_len passed), shorter than
-# 2W (empty chunks), chunks not a multiple of the 128-row tile, one tile, many tiles.
+# (S global, batch, Hq, Hkv, D, causal). S: 0 (every shard empty), 1 (one rank's empty), multiples of
+# 2W and not (seq_len passed), shorter than 2W (empty chunks), chunks not a multiple of the 128-row
+# tile, one tile, many tiles.
 CASES = [
-    (4, 1, 1, 1, 64, True), (3, 1, 2, 1, 128, True), (7, 1, 2, 2, 128, False), (256, 1, 4, 4, 128, True),
+    (0, 1, 2, 1, 64, True), (1, 1, 2, 1, 128, False), (4, 1, 1, 1, 64, True), (3, 1, 2, 1, 128, True), (7, 1, 2, 2, 128, False), (256, 1, 4, 4, 128, True),
     (256, 2, 4, 1, 64, False), (300, 1, 8, 2, 128, True), (513, 1, 4, 4, 64, True), (1000, 1, 8, 8, 128, False),
     (1024, 1, 8, 1, 128, True), (1030, 2, 4, 2, 128, True), (2048, 1, 16, 4, 64, False), (2500, 1, 8, 8, 128, True),
     (4096, 1, 8, 2, 128, True), (4096, 1, 8, 8, 128, False), (5000, 1, 4, 1, 64, True), (8192, 1, 8, 8, 128, True),
@@ -113,6 +114,24 @@ def scenario_shapes():
         if not (torch.equal(c.out, first[0]) and torch.equal(c.lse, first[1])):
             raise AssertionError(f"rank {RANK}: case {i}: {c.describe()}: a second run differs (a race)")
     print(f"rank {RANK}: {len(CASES)} cases correct, twice each; worst relative error {worst:.2e}")
+
+
+def scenario_stale_scratch():
+    """The receive slots live in the group's scratch, which other ops fill too: shards that differ in
+    length leave slot rows no block fills, and a key tile's box can run over them. Fill the scratch
+    with NaN through an all_reduce's staging first: ring_attention must not read it."""
+    group = interlace.init(heap_bytes=HEAP, timeout_s=TIMEOUT_S)
+    for i, (s, b, hq, hkv, d, causal) in enumerate([(7, 1, 2, 2, 128, False), (3, 1, 2, 1, 128, True),
+                                                    (1030, 2, 4, 2, 128, True), (2501, 1, 8, 8, 64, False)]):
+        nan = torch.full((64 << 20,), float("nan"), device="cuda")  # 256 MiB of fp32 staging
+        interlace.all_reduce(torch.empty_like(nan), nan, group)
+        c = Case(s, b, hq, hkv, d, causal, torch.bfloat16, seed=300 + i)
+        c.poison()
+        c.call(group)
+        torch.cuda.synchronize()
+        group.check()
+        c.verify(f"after a NaN all_reduce: {c.describe()}")
+    print(f"rank {RANK}: no stale slot rows read")
 
 
 def scenario_streams():

@@ -1,10 +1,12 @@
 """ring_attention on real GPUs: each test starts two processes (one per GPU) running a scenario of
 ring_attention_worker.py, and fails with every rank's output if any rank fails.
 
-  shapes      16 cases x 2 calls: global S from 3 to 8192 (shorter than 2W, not a multiple of 2W,
+  shapes      18 cases x 2 calls: global S from 0 to 8192 (empty, shorter than 2W, not a multiple of 2W,
               chunks not a multiple of the tile), batch 1 and 2, GQA 1, 2, 4 and 8, D 64 and 128,
               causal and not, bf16 and fp16; out and lse poisoned, against fp32 attention over the
               whole sequence; the second call bit for bit the first
+  stale_scratch  the heap scratch filled with NaN by an all_reduce before calls whose shards differ in
+              length: slot rows no block fills are never read
   streams     calls back to back on two streams, all_reduces among them
   graph       a CUDA graph of two calls replayed with fresh inputs, eager calls around it
   validation  bad arguments, and arguments that differ across ranks, raise on every rank before any
@@ -26,6 +28,10 @@ def run(scenario, timeout_s=150):
 
 def test_shapes_against_fp32_attention_over_the_whole_sequence():
     run("shapes", timeout_s=300)
+
+
+def test_slot_rows_no_block_fills_are_never_read():
+    run("stale_scratch")
 
 
 def test_back_to_back_calls_on_two_streams():

@@ -52,3 +52,11 @@ def test_out_v_lse_and_scale():
             call(q, k, softmax_scale=scale)
     with pytest.raises(interlace.Error, match="contiguous"):
         call(f16(1, 4, 8, 64).transpose(0, 2, 1, 3), k)
+
+
+def test_a_scale_of_zero_is_not_the_default():
+    q = f16(1, 8, 2, 64)
+    for op in (lambda: interlace.attention(q, q, q, q.copy(), softmax_scale=0.0),
+               lambda: interlace.ring_attention(q, q, q, q.copy(), None, softmax_scale=-1.0)):
+        with pytest.raises(interlace.Error, match="must be positive"):
+            op()

@@ -9,14 +9,14 @@ namespace {
 
 bool is16(const DLDataType& t, uint8_t code) { return t.code == code && t.bits == 16 && t.lanes == 1; }
 
-void check_placed(const char* name, const TensorView& t, int device) {
+// q, k and v are read by TMA (16-byte aligned); out and lse are written in 4-byte words.
+void check_placed(const char* name, const TensorView& t, int device, size_t align = 16) {
   IL_CHECK(t.contiguous(), "attention: ", name, " must be contiguous; its strides are not (", t.shape_string(),
            ")");
   IL_CHECK(t.device.device_type == kDLCUDA && t.device.device_id == device, "attention: ", name, " is on ",
            t.device_string(), " but the GPU is cuda:", device);
-  IL_CHECK(reinterpret_cast<uintptr_t>(t.data) % 16 == 0 || t.numel() == 0, "attention: ", name,
-           " must start 16-byte aligned (TMA); it starts at byte ", reinterpret_cast<uintptr_t>(t.data) % 16,
-           " of 16");
+  IL_CHECK(reinterpret_cast<uintptr_t>(t.data) % align == 0 || t.numel() == 0, "attention: ", name, " must start ",
+           align, "-byte aligned; it starts at byte ", reinterpret_cast<uintptr_t>(t.data) % align, " of ", align);
 }
 
 }  // namespace
@@ -56,8 +56,9 @@ AttentionProblem check_attention_args(const TensorView& q, const TensorView& k, 
   IL_CHECK(p.seq_q <= kMaxAttentionSeq && p.seq_k <= kMaxAttentionSeq, "attention: sequences are limited to 2^31 - 256 rows");
   IL_CHECK(p.heads_q <= kMaxAttentionGrid && p.batch <= kMaxAttentionGrid, "attention: batch and heads are limited to ",
            kMaxAttentionGrid, "; got batch ", p.batch, ", heads ", p.heads_q);
-  IL_CHECK(softmax_scale == 0 || (std::isfinite(softmax_scale) && softmax_scale > 0), "attention: softmax_scale ",
-           softmax_scale, " must be positive and finite (0: 1 / sqrt(head_dim))");
+  // Finite as the kernel uses it: in float, times log2(e).
+  IL_CHECK(softmax_scale == 0 || (softmax_scale > 0 && std::isfinite(static_cast<float>(softmax_scale * M_LOG2E))),
+           "attention: softmax_scale ", softmax_scale, " must be positive and finite in float32 (0: 1 / sqrt(head_dim))");
   p.softmax_scale = softmax_scale == 0 ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.head_dim)))
                                        : static_cast<float>(softmax_scale);
 
@@ -72,12 +73,12 @@ AttentionProblem check_attention_args(const TensorView& q, const TensorView& k, 
   check_placed("q", q, device);
   check_placed("k", k, device);
   check_placed("v", v, device);
-  check_placed("out", out, device);
+  check_placed("out", out, device, 4);
   for (const TensorView* t : {&q, &k, &v}) {
     IL_CHECK(!bytes_overlap(out, *t), "attention: out overlaps an input in memory; write to a separate tensor");
   }
   if (lse != nullptr) {
-    check_placed("lse", *lse, device);
+    check_placed("lse", *lse, device, 4);
     for (const TensorView* t : {&q, &k, &v, &out}) {
       IL_CHECK(!bytes_overlap(*lse, *t), "attention: lse overlaps another tensor in memory");
     }

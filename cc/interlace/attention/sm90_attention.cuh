@@ -18,8 +18,9 @@
 // ragged last tile, the causal diagonal) come first, and the rest run without one. Under the causal
 // mask the plain kernel's grid starts at the last query tiles, which have the most keys to visit.
 //
-// Rows past a segment or past the tile's queries are TMA's zeros or other rows: keys are masked to
-// -inf, queries not stored. A row with no visible key gets O = 0 and lse = -inf.
+// Rows past a segment or past the tile's queries are TMA's zeros or other rows, which must hold finite
+// values (0 x NaN in P V is NaN): keys are masked to -inf, queries not stored. A row with no visible
+// key gets O = 0 and lse = -inf.
 #pragma once
 
 #include <cstdint>
@@ -156,7 +157,8 @@ struct DenseSchedule {
   int32_t causal;
   __device__ int segments() const { return 1; }
   __device__ KeySegment segment(int, const QueryTile&) const { return KeySegment{-1, 0, rows_k, causal, 0}; }
-  // The producer's wait before loading keys [lo, hi) of a segment: nothing to wait for here.
+  // The producer's wait before loading the box of keys [lo, hi) (which may run past the segment):
+  // nothing to wait for here.
   __device__ void wait_keys(const KeySegment&, int, int, int, int) {}
 };
 
@@ -338,7 +340,7 @@ __device__ __forceinline__ void attention_cta(const Params<Config>& p, Schedule&
       const int g = cur.g;
       do {
         const int lo = cur.seg.row0 + cur.j * kTileK;
-        schedule.wait_keys(cur.seg, tile.batch, head_kv, lo, min(lo + kTileK, cur.seg.row0 + cur.seg.rows));
+        schedule.wait_keys(cur.seg, tile.batch, head_kv, lo, lo + kTileK);  // the whole box TMA reads
         pipeline_k.producer_acquire(state);
         copy(tma_k.with(*pipeline_k.producer_get_barrier(state)), tKgK(_, cur.j), tKsK(_, state.index()));
         pipeline_v.producer_acquire(state);

@@ -82,10 +82,12 @@ struct RingSchedule {
     return attention_engine::KeySegment{slot, row0, rows, kind == RingBlockKind::kDiagonal ? 1 : 0, s};
   }
 
-  // Producer thread, before loading keys [lo, hi) of (batch, KV head): from step 1 on, the pieces that
-  // hold them must have landed. A failed wait (a dead peer, an abort) is recorded and the loads go
+  // Producer thread, before loading the box of keys [lo, hi) of (batch, KV head): from step 1 on, the
+  // pieces under it must have landed, those past the segment too (their rows are masked, but must
+  // not be stale: see send). A failed wait (a dead peer, an abort) is recorded and the loads go
   // ahead on whatever is there: the consumers never hang, and the host raises the fault.
   __device__ void wait_keys(const attention_engine::KeySegment& seg, int batch, int head_kv, int lo, int hi) {
+    hi = min(static_cast<int64_t>(hi), plan.max_local_rows());  // past the slot, TMA reads zeros
     if (seg.step == 0 || hi <= lo) return;
     if (seg.step != seen_step) {
       seen_step = seg.step;
@@ -130,6 +132,14 @@ __device__ __forceinline__ void copy_rows(char* dst, int64_t dst_row_stride, con
   }
 }
 
+template <int kRowBytes>
+__device__ __forceinline__ void zero_rows(char* dst, int64_t row_stride, int r0, int r1) {
+  constexpr int kVectors = kRowBytes / 16;
+  for (int i = static_cast<int>(threadIdx.x); i < (r1 - r0) * kVectors; i += blockDim.x) {
+    reinterpret_cast<uint4*>(dst + (r0 + i / kVectors) * row_stride)[i % kVectors] = make_uint4(0, 0, 0, 0);
+  }
+}
+
 // Sender `sender`: forwards its pieces of every step's block to rank + 1.
 template <class Config>
 __device__ void send(const RingAttentionParams<Config>& p, RingAttentionFlags& flags, uint64_t op, int sender) {
@@ -162,16 +172,22 @@ __device__ void send(const RingAttentionParams<Config>& p, RingAttentionFlags& f
       }
       __syncthreads();
       if (failed) return;  // recorded: the group is aborted, and every waiter stops
+      // The piece's rows of a slot: the block's, then zeros up to the slot's end (shards differ by up
+      // to 2 rows), so that a key tile's box, which may run past the block, reads nothing stale: its
+      // scores are masked, but 0 x NaN in P V is still NaN.
+      const int64_t head_offset = h * static_cast<int64_t>(kRowBytes);
+      const int64_t dst_offset = (2 * RingAttentionPlan::slot_of_step(s + 1)) * tensor_bytes + b * slot_rows * row_stride +
+                                 head_offset;
       if (r0 < r1) {
-        const int64_t head_offset = h * static_cast<int64_t>(kRowBytes);
         const int64_t src_offset = b * src_rows * row_stride + head_offset;
-        const int64_t dst_offset = (2 * RingAttentionPlan::slot_of_step(s + 1)) * tensor_bytes + b * slot_rows * row_stride +
-                                   head_offset;
         const char* src_k = s == 0 ? p.k : mine + (2 * RingAttentionPlan::slot_of_step(s)) * tensor_bytes;
         const char* src_v = s == 0 ? p.v : src_k + tensor_bytes;
         copy_rows<kRowBytes>(theirs + dst_offset, row_stride, src_k + src_offset, row_stride, r0, r1);
         copy_rows<kRowBytes>(theirs + dst_offset + tensor_bytes, row_stride, src_v + src_offset, row_stride, r0, r1);
       }
+      const int z0 = max(r0, rows), z1 = min(part * plan.flag_rows + plan.flag_rows, static_cast<int>(slot_rows));
+      zero_rows<kRowBytes>(theirs + dst_offset, row_stride, z0, z1);
+      zero_rows<kRowBytes>(theirs + dst_offset + tensor_bytes, row_stride, z0, z1);
       __syncthreads();
       if (threadIdx.x == 0) t.signal(next, &flags.landed[piece], RingAttentionPlan::landed_value(op, s + 1));
     }
@@ -205,6 +221,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     // (tile, head, batch), tiles of one head together (they read the same K/V).
     const int x = role - p.senders;
     const int second = p.q_tiles[1] * plan.heads_q * plan.batch;
+    if (x >= second + p.q_tiles[0] * plan.heads_q * plan.batch) {  // the one CTA of an empty call
+      device::op_end(t);
+      return;
+    }
     const int half = x < second ? 1 : 0;
     const int rest = x < second ? x : x - second;
     const int tiles = p.q_tiles[half];

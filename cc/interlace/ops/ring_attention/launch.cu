@@ -17,9 +17,31 @@ using detail::concat;
 // few enough that the SMs they hold while the blocks travel cost little compute.
 constexpr int kSenders = 16;
 
+// The launch's shape: sender CTAs, then a CTA per (query tile, head, batch); at least one CTA, so that
+// an empty call still takes its place in the op sequence.
+struct RingGrid {
+  int32_t senders = 0;
+  int32_t q_tiles[2] = {0, 0};  // of this rank's two halves (causal), or [all, 0]
+  int64_t ctas = 1;
+};
+
+RingGrid ring_grid(const RingAttentionPlan& plan, int64_t rows_q, int64_t heads_q, int64_t batch) {
+  RingGrid g;
+  g.senders = plan.world > 1 ? std::min(kSenders, plan.pieces()) : 0;
+  const auto tiles = [&](int64_t rows) { return static_cast<int32_t>((rows + plan.tile_q - 1) / plan.tile_q); };
+  if (plan.causal) {
+    g.q_tiles[0] = tiles(plan.chunk_rows(plan.rank));
+    g.q_tiles[1] = tiles(plan.chunk_rows(plan.chunk_of(plan.rank, 1)));
+  } else {
+    g.q_tiles[0] = tiles(rows_q);
+  }
+  g.ctas = std::max<int64_t>(1, g.senders + static_cast<int64_t>(g.q_tiles[0] + g.q_tiles[1]) * heads_q * batch);
+  return g;
+}
+
 template <class Element, int kHeadDim>
-void launch(OpCall& call, Group& group, const AttentionProblem& a, const RingAttentionPlan& plan, uint64_t signature,
-            uint64_t recv, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+void launch(OpCall& call, Group& group, const AttentionProblem& a, const RingAttentionPlan& plan, const RingGrid& grid,
+            uint64_t signature, uint64_t recv, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
             const TensorView* lse) {
   using Config = attention_engine::Config<Element, kHeadDim>;
   RingAttentionParams<Config> p{};
@@ -55,22 +77,15 @@ void launch(OpCall& call, Group& group, const AttentionProblem& a, const RingAtt
   p.k = static_cast<const char*>(k.data);
   p.v = static_cast<const char*>(v.data);
   p.recv = recv;
-  p.senders = plan.world > 1 ? std::min(kSenders, plan.pieces()) : 0;
-  const auto tiles = [](int64_t rows) { return static_cast<int32_t>((rows + Config::kTileQ - 1) / Config::kTileQ); };
-  if (plan.causal) {
-    p.q_tiles[0] = tiles(plan.chunk_rows(plan.rank));
-    p.q_tiles[1] = tiles(plan.chunk_rows(plan.chunk_of(plan.rank, 1)));
-  } else {
-    p.q_tiles[0] = tiles(a.seq_q);
-    p.q_tiles[1] = 0;
-  }
-  const int64_t ctas = p.senders + static_cast<int64_t>(p.q_tiles[0] + p.q_tiles[1]) * a.heads_q * a.batch;
-  IL_CHECK(ctas < (int64_t{1} << 31), "ring_attention: ", ctas, " CTAs are more than one launch takes");
-  auto kernel = ring_attention_kernel<Config>;
-  const int smem = static_cast<int>(sizeof(typename Config::SharedStorage));
-  IL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  call.launch([&](cudaStream_t s) {
-    kernel<<<static_cast<unsigned>(ctas), Config::kThreads, smem, s>>>(p);
+  static_assert(Config::kTileQ == 128, "the plan's tile_q");
+  p.senders = grid.senders;
+  p.q_tiles[0] = grid.q_tiles[0];
+  p.q_tiles[1] = grid.q_tiles[1];
+  call.launch([&](cudaStream_t s) {  // within launch: a failure here aborts the group, as peers run
+    auto kernel = ring_attention_kernel<Config>;
+    const int smem = static_cast<int>(sizeof(typename Config::SharedStorage));
+    IL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    kernel<<<static_cast<unsigned>(grid.ctas), Config::kThreads, smem, s>>>(p);
   });
 }
 
@@ -82,6 +97,7 @@ void ring_attention(Group& group, const TensorView& q, const TensorView& k, cons
   const Topology& topo = group.topology();
   AttentionProblem a;
   RingAttentionPlan plan;
+  RingGrid grid;
   uint64_t recv = 0;
   const uint64_t signature = call.agree([&] {
     check_one_node(group, "ring_attention");
@@ -91,12 +107,15 @@ void ring_attention(Group& group, const TensorView& q, const TensorView& k, cons
     require_hopper(group.device(), "ring_attention");
     IL_CHECK(a.seq_q == a.seq_k, "ring_attention: q's shard has ", a.seq_q, " rows but k's ", a.seq_k,
              "; every rank holds the same rows of q, k and v");
+    IL_CHECK(seq_len >= 0, "ring_attention: seq_len ", seq_len, " is negative (0 or None: world_size x S_local)");
     const int64_t seq = seq_len > 0 ? seq_len : a.seq_q * topo.world_size;
     plan = make_ring_attention_plan(topo.world_size, topo.rank, seq, causal, static_cast<int>(a.heads_q),
                                     static_cast<int>(a.heads_kv), 128, 128, static_cast<int>(a.batch));
     IL_CHECK(plan.local_rows(topo.rank) == a.seq_q, "ring_attention: rank ", topo.rank, "'s shard of a sequence of ",
              seq, " rows over ", topo.world_size, " ranks has ", plan.local_rows(topo.rank), " rows, but q has ",
              a.seq_q, seq_len > 0 ? "" : " (pass seq_len, the global length, where 2 x world_size does not divide it)");
+    grid = ring_grid(plan, a.seq_q, a.heads_q, a.batch);
+    IL_CHECK(grid.ctas < (int64_t{1} << 31), "ring_attention: ", grid.ctas, " CTAs are more than one launch takes");
     const int64_t elem = 2;
     const uint64_t bytes = static_cast<uint64_t>(std::max(topo.world_size - 1, 0)) * 2 * a.batch *
                            plan.max_local_rows() * a.heads_kv * a.head_dim * elem;
@@ -110,8 +129,8 @@ void ring_attention(Group& group, const TensorView& q, const TensorView& k, cons
   // sequence on every rank.
   auto by_dim = [&](auto element) {
     using E = decltype(element);
-    a.head_dim == 64 ? launch<E, 64>(call, group, a, plan, signature, recv, q, k, v, out, lse)
-                     : launch<E, 128>(call, group, a, plan, signature, recv, q, k, v, out, lse);
+    a.head_dim == 64 ? launch<E, 64>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse)
+                     : launch<E, 128>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse);
   };
   a.dtype == AttentionDtype::kBf16 ? by_dim(cutlass::bfloat16_t{}) : by_dim(cutlass::half_t{});
 }
