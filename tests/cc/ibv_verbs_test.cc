@@ -806,6 +806,12 @@ TEST_F(IbvVerbsFake, SetupFailuresSayWhatIsMissingAndAreToldToEveryRank) {
     Group group(0, 2);
     EXPECT_HAS(open_error(group), "registering the heap (1048576 bytes at 0x7f0000000000) with mlx5_0 failed: "
                                   "ibv_reg_dmabuf_mr failed: Operation not supported; then ibv_reg_mr failed: Bad address");
+    IbvOptions no_fd = heap_options();  // the GPU exported no dmabuf: the error says why
+    no_fd.dmabuf_fd = -1;
+    no_fd.no_dmabuf = "this GPU or driver cannot export a dmabuf";
+    Group by_address(0, 2);
+    EXPECT_HAS(open_error(by_address, no_fd), "mlx5_0 failed: this GPU or driver cannot export a dmabuf; then "
+                                              "ibv_reg_mr failed: Bad address");
     host.has_reg_dmabuf = false;
     Group old(0, 2);
     EXPECT_HAS(open_error(old), "libibverbs lacks ibv_reg_dmabuf_mr (rdma-core >= 34); then ibv_reg_mr failed");

@@ -70,6 +70,8 @@ const DriverApi& driver() {
       resolve("cuMemUnmap", api.cuMemUnmap);
       resolve("cuMemSetAccess", api.cuMemSetAccess);
       resolve("cuMemGetAllocationGranularity", api.cuMemGetAllocationGranularity);
+      resolve("cuDeviceGetAttribute", api.cuDeviceGetAttribute);
+      resolve("cuMemGetHandleForAddressRange", api.cuMemGetHandleForAddressRange);
       resolve("cuStreamWaitValue32", api.cuStreamWaitValue32);
       resolve("cuStreamWriteValue32", api.cuStreamWriteValue32);
     } catch (const Error& e) {

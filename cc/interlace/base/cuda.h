@@ -26,6 +26,9 @@ struct DriverApi {
   decltype(&::cuMemSetAccess) cuMemSetAccess;
   decltype(&::cuMemGetAllocationGranularity) cuMemGetAllocationGranularity;
   decltype(&::cuGetErrorString) cuGetErrorString;
+  decltype(&::cuDeviceGetAttribute) cuDeviceGetAttribute;
+  // A dmabuf of heap memory, for RDMA registration (ibv_reg_dmabuf_mr) across nodes.
+  decltype(&::cuMemGetHandleForAddressRange) cuMemGetHandleForAddressRange;
   // Stream memory operations: copy-engine work that waits for and raises flags (ag_gemm).
   decltype(&::cuStreamWaitValue32) cuStreamWaitValue32;
   decltype(&::cuStreamWriteValue32) cuStreamWriteValue32;

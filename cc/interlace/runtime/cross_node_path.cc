@@ -1,5 +1,7 @@
 #include "interlace/runtime/cross_node_path.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -47,6 +49,14 @@ CrossNodePath::CrossNodePath(const Topology& topo, Bootstrap& bootstrap, Symmetr
   IL_CUDA_CHECK(cudaDeviceSynchronize());
 
   const uint64_t heap_bytes = heap.mapped_bytes();
+  // The heap's dmabuf, if exported: closed once the proxy is set up (the registration holds the
+  // memory, not the fd), or when setup fails.
+  struct FdCloser {
+    int fd = -1;
+    ~FdCloser() {
+      if (fd >= 0) close(fd);
+    }
+  } dmabuf;
   CrossNodeOptions c;
   c.backend = o.backend;
   c.queue = ProxyQueue{slots_, consumed_, capacity_};
@@ -73,10 +83,11 @@ CrossNodePath::CrossNodePath(const Topology& topo, Bootstrap& bootstrap, Symmetr
       };
       [[fallthrough]];
     case CrossNodeBackend::kRc:
-      // Registered by address (GPU memory then needs nvidia-peermem); a dmabuf of the heap is not
-      // exported yet.
+      // Registered through a dmabuf of the heap where the GPU exports one, else by address (GPU
+      // memory then needs nvidia-peermem); the error, if both fail, says why there was no dmabuf.
       c.ibv.heap_address = reinterpret_cast<uint64_t>(my_heap);
       c.ibv.heap_bytes = heap_bytes;
+      c.ibv.dmabuf_fd = dmabuf.fd = heap.export_dmabuf(&c.ibv.no_dmabuf);
       c.all_gather = [&bootstrap](const std::string& mine) { return bootstrap.all_gather(mine); };
       break;
     case CrossNodeBackend::kMemory:

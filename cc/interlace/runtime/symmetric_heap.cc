@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "interlace/base/cuda.h"
 #include "interlace/runtime/fd_exchange.h"
@@ -18,7 +19,7 @@ constexpr double kHandleExchangeTimeoutS = 30.0;
 }  // namespace
 
 SymmetricHeap::SymmetricHeap(Bootstrap& bootstrap, const Topology& topo, int device, size_t bytes,
-                             std::vector<int> mapped_ranks)
+                             std::vector<int> mapped_ranks, bool rdma)
     : device_(device), local_rank_(topo.local_rank), usable_bytes_(bytes), mapped_ranks_(std::move(mapped_ranks)) {
   if (mapped_ranks_.empty()) mapped_ranks_ = topo.local_ranks;
   for (int r : topo.local_ranks) {
@@ -41,6 +42,11 @@ SymmetricHeap::SymmetricHeap(Bootstrap& bootstrap, const Topology& topo, int dev
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device;
   prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  if (rdma) {
+    int vmm_rdma = 0;
+    IL_CU_CHECK(cu.cuDeviceGetAttribute(&vmm_rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, device));
+    prop.allocFlags.gpuDirectRDMACapable = vmm_rdma ? 1 : 0;
+  }
   size_t granularity = 0;
   IL_CU_CHECK(cu.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
   data_offset_ = round_up(sizeof(SignalPad), HeapAllocator::kAlignment);
@@ -113,6 +119,26 @@ SymmetricHeap::~SymmetricHeap() {
   }
   if (handle_) cu.cuMemRelease(handle_);
   if (previous >= 0) cudaSetDevice(previous);
+}
+
+int SymmetricHeap::export_dmabuf(std::string* why) const {
+  const DriverApi& cu = driver();
+  int supported = 0;
+  if (cu.cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, device_) != CUDA_SUCCESS || !supported) {
+    *why = "this GPU or driver cannot export a dmabuf (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 0)";
+    return -1;
+  }
+  int fd = -1;
+  const CUresult res = cu.cuMemGetHandleForAddressRange(&fd, reinterpret_cast<CUdeviceptr>(local_base()), mapped_bytes_,
+                                                        CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+  if (res != CUDA_SUCCESS) {
+    const char* text = nullptr;
+    cu.cuGetErrorString(res, &text);
+    *why = std::string("exporting the heap as a dmabuf failed (cuMemGetHandleForAddressRange: ") +
+           (text ? text : "unknown error") + ")";
+    return -1;
+  }
+  return fd;
 }
 
 long long SymmetricHeap::offset_of(const void* ptr, size_t bytes) const {

@@ -22,8 +22,10 @@ class SymmetricHeap {
   // `mapped_ranks`: the global ranks whose heaps to map here, ascending, with every rank of this
   // node; empty means this node's ranks. Ranks of other nodes among them (emulated nodes of one
   // host) are reachable only through base_of_rank: base() and pad() stay this node's, for NVLink.
+  // rdma: allocate memory a NIC may reach (gpuDirectRDMACapable, where the GPU supports it with
+  // VMM), for the cross-node RC / SRD paths.
   SymmetricHeap(Bootstrap& bootstrap, const Topology& topology, int device, size_t bytes,
-                std::vector<int> mapped_ranks = {});
+                std::vector<int> mapped_ranks = {}, bool rdma = false);
   ~SymmetricHeap();
   SymmetricHeap(const SymmetricHeap&) = delete;
   SymmetricHeap& operator=(const SymmetricHeap&) = delete;
@@ -41,6 +43,11 @@ class SymmetricHeap {
   HeapAllocator& allocator() { return *allocator_; }
   // The offset of [ptr, ptr+bytes) if it lies inside this rank's heap, else -1.
   long long offset_of(const void* ptr, size_t bytes) const;
+
+  // A dmabuf file descriptor of this rank's whole mapping (signal pad included), for
+  // ibv_reg_dmabuf_mr; the caller closes it. -1, with why in *why, where the GPU or driver cannot
+  // export one (then RDMA registers by address, which needs nvidia-peermem).
+  int export_dmabuf(std::string* why) const;
 
  private:
   int device_;

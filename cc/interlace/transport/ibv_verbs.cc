@@ -183,7 +183,7 @@ void IbvVerbs::register_memory() {
   IL_CHECK(pd_ != nullptr, "allocating a protection domain on ", device_name_, " failed: ", error_text(-1));
   // No IBV_ACCESS_RELAXED_ORDERING: a flag's add must not overtake the bytes it counts on PCIe.
   const int access = heap_access(transport_);
-  std::string dmabuf_failure;
+  std::string dmabuf_failure = options_.dmabuf_fd < 0 ? options_.no_dmabuf : "";
   if (options_.dmabuf_fd >= 0) {
     if (api_.reg_dmabuf_mr == nullptr) {
       dmabuf_failure = "libibverbs lacks ibv_reg_dmabuf_mr (rdma-core >= 34)";

@@ -47,6 +47,7 @@ struct IbvOptions {
   uint64_t heap_bytes = 0;
   int dmabuf_fd = -1;              // >= 0: register through this dmabuf (e.g. cuMemGetHandleForAddressRange)
   uint64_t dmabuf_offset = 0;      // where the heap starts in it
+  std::string no_dmabuf;           // with no fd: why there is none, for the error if by address fails too
   // Ranks to connect to (true: on another node); empty: every other rank. Must agree across ranks.
   std::vector<bool> connect;
   int send_depth = 256;            // work requests in flight per send queue (capped by the device)
