@@ -105,7 +105,7 @@ struct ProxyTransport {
   template <class Context>
   IL_HOST_DEVICE uint64_t wait(const uint64_t* flag, uint64_t value, const Context& ctx, FlagId id, int q) const {
 #if defined(__CUDA_ARCH__)
-    return wait_at_least(flag, value, ctx, id, q);
+    return wait_at_least(flag, value, ctx, id, kFaultPeerGlobal + q);  // q is a global rank
 #else
     (void)id;
     (void)q;

@@ -56,7 +56,7 @@ struct WaitContext {
 
 // Records the first fault of the group into the host control block, `code` last. A timeout or a
 // mismatch also aborts the group: its flags are out of step from then on.
-__device__ inline void record_fault(const WaitContext& ctx, FaultCode code, FlagId flag, int peer_local_rank,
+__device__ inline void record_fault(const WaitContext& ctx, FaultCode code, FlagId flag, int peer,
                                     uint64_t expected, uint64_t seen, uint64_t waited_ns) {
   if (atomicCAS(&ctx.pad->ops.fault_claimed, 0u, 1u) == 0u) {
     volatile DeviceFault* f = &ctx.control->fault;
@@ -64,7 +64,7 @@ __device__ inline void record_fault(const WaitContext& ctx, FaultCode code, Flag
     f->op = static_cast<int32_t>(ctx.op);
     f->flag = static_cast<int32_t>(flag);
     f->block = static_cast<int32_t>(blockIdx.x);
-    f->peer_local_rank = peer_local_rank;
+    f->peer = peer;
     f->expected = expected;
     f->seen = seen;
     f->waited_ns = waited_ns;
@@ -90,7 +90,7 @@ constexpr uint32_t kHostAbortPollRounds = 16;
 // this GPU's own CTAs.
 template <bool kFromPeer>
 __device__ inline uint64_t wait_until(const uint64_t* flag, uint64_t expected, const WaitContext& ctx, FlagId id,
-                                      int peer_local_rank) {
+                                      int peer) {
   auto load = [flag] { return kFromPeer ? load_acquire_sys(flag) : load_acquire_gpu(flag); };
   uint64_t seen = load();
   if (seen >= expected) return seen;
@@ -103,19 +103,19 @@ __device__ inline uint64_t wait_until(const uint64_t* flag, uint64_t expected, c
     const uint64_t waited = global_timer_ns() - start;
     const bool stop = device_aborted(ctx.pad) || (round % kHostAbortPollRounds == 0 && host_aborted(ctx.control));
     if (stop) {
-      record_fault(ctx, FaultCode::kAborted, id, peer_local_rank, expected, seen, waited);
+      record_fault(ctx, FaultCode::kAborted, id, peer, expected, seen, waited);
       return 0;
     }
     if (waited > ctx.timeout_ns) {
-      record_fault(ctx, FaultCode::kTimeout, id, peer_local_rank, expected, seen, waited);
+      record_fault(ctx, FaultCode::kTimeout, id, peer, expected, seen, waited);
       return 0;
     }
   }
 }
 
 __device__ __forceinline__ uint64_t wait_at_least(const uint64_t* flag, uint64_t expected, const WaitContext& ctx,
-                                                  FlagId id, int peer_local_rank) {
-  return wait_until<true>(flag, expected, ctx, id, peer_local_rank);
+                                                  FlagId id, int peer) {
+  return wait_until<true>(flag, expected, ctx, id, peer);
 }
 
 __device__ __forceinline__ uint64_t wait_at_least_local(const uint64_t* flag, uint64_t expected,

@@ -92,6 +92,10 @@ IL_HOST_DEVICE inline Flags* op_flags(SignalPad* pad) {
 
 enum class FaultCode : int32_t { kNone = 0, kTimeout = 1, kAborted = 2, kMismatch = 3 };
 
+// A wait's peer argument at or above this names a global rank (peer - kFaultPeerGlobal): a rank of
+// another node, which has no local rank; below, a local rank (NVLink peers).
+constexpr int32_t kFaultPeerGlobal = 1 << 24;
+
 // What a kernel that stopped early saw, written before `code`.
 struct DeviceFault {
   int32_t code;  // FaultCode
@@ -99,7 +103,7 @@ struct DeviceFault {
   int32_t op;    // OpId
   int32_t flag;  // FlagId
   int32_t block;
-  int32_t peer_local_rank;
+  int32_t peer;  // whose flag: a local rank, or kFaultPeerGlobal + a global rank (waits across nodes); -1: none
   uint64_t expected;
   uint64_t seen;
   uint64_t waited_ns;

@@ -172,8 +172,7 @@ std::string Group::describe_abort() {
   const volatile DeviceFault& f = control_host_->fault;
   std::string device;
   if (f.code != 0) {
-    const auto peer = f.peer_local_rank;
-    const int peer_rank = peer >= 0 && peer < topo_.local_size() ? topo_.local_ranks[peer] : -1;
+    const int peer_rank = fault_peer_rank(f.peer, topo_);
     const auto code = static_cast<FaultCode>(f.code);
     const std::string whose = peer_rank >= 0 ? concat("' of rank ", peer_rank) : std::string("' of this rank");
     const std::string where = concat(op_name(static_cast<OpId>(f.op)), " on rank ", f.rank, " (block ", f.block,

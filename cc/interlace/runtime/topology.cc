@@ -1,6 +1,7 @@
 #include "interlace/runtime/topology.h"
 
 #include "interlace/base/error.h"
+#include "interlace/device/signal_pad.h"
 
 namespace interlace {
 
@@ -24,6 +25,11 @@ Topology make_topology(int rank, const std::vector<std::string>& node_names) {
     if (nodes[n] == node_names[rank]) t.node = n;
   }
   return t;
+}
+
+int fault_peer_rank(int32_t peer, const Topology& topo) {
+  if (peer >= kFaultPeerGlobal) return peer - kFaultPeerGlobal < topo.world_size ? peer - kFaultPeerGlobal : -1;
+  return peer >= 0 && peer < topo.local_size() ? topo.local_ranks[peer] : -1;
 }
 
 }  // namespace interlace

@@ -1,6 +1,7 @@
 // Where each rank runs: nodes x local ranks. Ranks on one node share NVLink.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -19,5 +20,9 @@ struct Topology {
 
 // Builds the topology from every rank's node name (a hostname, or a name the user gives).
 Topology make_topology(int rank, const std::vector<std::string>& node_names);
+
+// The global rank a device fault's peer field names (DeviceFault::peer: a local rank, or
+// kFaultPeerGlobal + a global rank), or -1 for none or out of range.
+int fault_peer_rank(int32_t peer, const Topology& topo);
 
 }  // namespace interlace
