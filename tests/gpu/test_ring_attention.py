@@ -1,8 +1,8 @@
 """ring_attention on real GPUs: each test starts two processes (one per GPU) running a scenario of
 ring_attention_worker.py, and fails with every rank's output if any rank fails.
 
-  shapes      18 cases x 2 calls: global S from 0 to 8192 (empty, shorter than 2W, not a multiple of 2W,
-              chunks not a multiple of the tile), batch 1 and 2, GQA 1, 2, 4 and 8, D 64 and 128,
+  shapes      21 cases x 2 calls: global S from 0 to 8192 (empty, shorter than 2W, not a multiple of 2W,
+              chunks not a multiple of the tile), batch 1, 2 and 3, GQA 1, 2, 4 and 8, D 64 and 128,
               causal and not, bf16 and fp16; out and lse poisoned, against fp32 attention over the
               whole sequence; the second call bit for bit the first
   stale_scratch  the heap scratch filled with NaN by an all_reduce before calls whose shards differ in
