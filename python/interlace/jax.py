@@ -16,6 +16,8 @@ in the symmetric heap, so all_gather takes its staged path and all_reduce its no
     moe = interlace.jax.MoeBuffers(group, num_experts=64, topk=2, hidden=4096, max_tokens=512, capacity=1024)
     ex, starts, rows = interlace.jax.moe_dispatch(x, topk_idx, topk_weights, moe)  # per expert: rows of ex
     y = interlace.jax.moe_combine(expert_out, moe, tokens=x.shape[0])             # back home, weighted sum
+    o, lse = interlace.jax.attention(q, k, v, causal=True)              # [B, S, H, D] on one GPU
+    o, lse = interlace.jax.ring_attention(q, k, v, group, causal=True)  # this rank's zigzag shard of a sequence
 
 The MoE ops keep their state in a MoeBuffers (its interlace.MoeHandle, in the group's heap, where peers
 write the receive rows); moe_dispatch copies the rows it received into its XLA output, and
@@ -30,12 +32,14 @@ import numpy as _np
 import jax as _jax
 import jax.numpy as _jnp
 
+import interlace as _interlace
 from interlace import _interlace as _C
 from interlace._group import native as _native
 
 # The custom-call target names; the handlers register under these for platform "CUDA".
 TARGETS = ("interlace_all_gather", "interlace_gemm", "interlace_ag_gemm", "interlace_gemm_rs", "interlace_gemm_ar",
-           "interlace_reduce_scatter", "interlace_all_reduce", "interlace_moe_dispatch", "interlace_moe_combine")
+           "interlace_reduce_scatter", "interlace_all_reduce", "interlace_moe_dispatch", "interlace_moe_combine",
+           "interlace_attention", "interlace_ring_attention")
 
 # all_reduce's algorithm names, as interlace.all_reduce takes them (ReduceAlgorithm's values).
 _REDUCE_ALGORITHMS = {"auto": 0, "one_shot": 2, "two_shot": 3}
@@ -195,3 +199,39 @@ def moe_combine(expert_out, buffers, *, tokens) -> "_jax.Array":
     call = _jax.ffi.ffi_call("interlace_moe_combine",
                              _jax.ShapeDtypeStruct((tokens, expert_out.shape[1]), _jnp.bfloat16))
     return call(expert_out, group=handle, moe=_np.int64(buffers.handle))
+
+
+def _attention_results(op, q, k, v):
+    """(out, lse)'s shapes and dtypes: out like q, lse float32 [B, Hq, S_q]."""
+    if q.ndim != 4 or k.ndim != 4 or tuple(k.shape) != tuple(v.shape) or q.shape[3] != k.shape[3]:
+        raise ValueError(f"interlace.jax.{op}: q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} are not "
+                         "[B, S, H, D] alike")
+    return (_jax.ShapeDtypeStruct(tuple(q.shape), q.dtype),
+            _jax.ShapeDtypeStruct((q.shape[0], q.shape[2], q.shape[1]), _jnp.float32))
+
+
+def attention(q, k, v, *, causal=False, softmax_scale=None):
+    """(out, lse) of softmax(q k^T * softmax_scale) v on one GPU (see interlace.attention): q [B, S_q,
+    Hq, D], k and v [B, S_k, Hkv, D], bf16 or fp16 alike, D 64 or 128, Hq a multiple of Hkv; out like
+    q, lse float32 [B, Hq, S_q] (natural-log log-sum-exp of each query's scaled scores). causal needs
+    S_q == S_k; softmax_scale defaults to 1 / sqrt(D)."""
+    _register()
+    _interlace._check_scale("interlace.jax.attention", softmax_scale)
+    call = _jax.ffi.ffi_call("interlace_attention", _attention_results("attention", q, k, v))
+    return call(q, k, v, causal=bool(causal),
+                softmax_scale=_np.float64(0.0 if softmax_scale is None else softmax_scale))
+
+
+def ring_attention(q, k, v, group, *, causal=False, softmax_scale=None, seq_len=None):
+    """(out, lse) of attention over the sequence sharded across the group, in one launch (see
+    interlace.ring_attention): q [B, S_local, Hq, D], k and v [B, S_local, Hkv, D] are this rank's
+    zigzag shard (interlace.ring_attention_shard); out like q, lse float32 [B, Hq, S_local]. seq_len:
+    the global S, needed only where 2 x world_size does not divide it (default world_size x S_local).
+    Every rank must make the same call."""
+    _register()
+    handle = _group_handle(group)
+    _interlace._check_scale("interlace.jax.ring_attention", softmax_scale)
+    call = _jax.ffi.ffi_call("interlace_ring_attention", _attention_results("ring_attention", q, k, v))
+    return call(q, k, v, group=handle, causal=bool(causal),
+                softmax_scale=_np.float64(0.0 if softmax_scale is None else softmax_scale),
+                seq_len=_np.int64(seq_len or 0))

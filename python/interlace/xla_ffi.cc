@@ -198,6 +198,30 @@ ffi::Error all_reduce_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x
   });
 }
 
+// attention and ring_attention: out in q's dtype and lse float32 [B, Hq, S_q] are both XLA's results.
+// softmax_scale 0 means 1 / sqrt(D) (interlace.jax passes 0 for None and refuses a given non-positive one).
+ffi::Error attention_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                          ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse, bool causal,
+                          double softmax_scale) {
+  return guarded([&] {
+    TensorView vl = view_of(*lse, device);
+    attention(view_of(q, device), view_of(k, device), view_of(v, device), view_of(*out, device), &vl, causal,
+              softmax_scale, stream);
+  });
+}
+
+// seq_len: the global S (0: world x S_local).
+ffi::Error ring_attention_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                               ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
+                               int64_t group, bool causal, double softmax_scale, int64_t seq_len) {
+  return guarded([&] {
+    std::shared_ptr<Group> g = group_by_handle(group);
+    TensorView vl = view_of(*lse, device);
+    ring_attention(*g, view_of(q, device), view_of(k, device), view_of(v, device), view_of(*out, device), &vl, causal,
+                   softmax_scale, seq_len, stream);
+  });
+}
+
 // The handle's receive rows and per-expert runs live in the group's heap, where peers write them;
 // XLA's outputs are its own buffers, so they are copied out (on XLA's stream, after the dispatch).
 void copy_out(const TensorView& from, ffi::AnyBuffer& to, const char* what, cudaStream_t stream) {
@@ -326,6 +350,28 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_moe_combine, interlace::moe_combine_
                                   .Attr<int64_t>("group")
                                   .Attr<int64_t>("moe"));
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_attention, interlace::attention_impl,
+                              bind_on_stream()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<bool>("causal")
+                                  .Attr<double>("softmax_scale"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_ring_attention, interlace::ring_attention_impl,
+                              bind_on_stream()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("group")
+                                  .Attr<bool>("causal")
+                                  .Attr<double>("softmax_scale")
+                                  .Attr<int64_t>("seq_len"));
+
 namespace interlace {
 
 void register_xla_ffi(nb::module_& m) {
@@ -340,6 +386,8 @@ void register_xla_ffi(nb::module_& m) {
     d["interlace_all_reduce"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_all_reduce));
     d["interlace_moe_dispatch"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_moe_dispatch));
     d["interlace_moe_combine"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_moe_combine));
+    d["interlace_attention"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_attention));
+    d["interlace_ring_attention"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_ring_attention));
     return d;
   }, "The XLA FFI handlers (target name -> PyCapsule of an XLA_FFI_Handler*), for jax.ffi.register_ffi_target.");
 

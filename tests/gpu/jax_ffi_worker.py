@@ -1,6 +1,6 @@
 """One rank of interlace.jax under jax.jit (see test_jax_ffi_gpu.py): all_gather, gemm, ag_gemm,
-gemm_rs, gemm_ar, a MoE layer, reduce_scatter and all_reduce as XLA FFI custom calls on XLA's stream, checked against jnp / jax.lax
-references (the reductions bit for bit against the fp32 sum in rank order, rounded once). One process per GPU;
+gemm_rs, gemm_ar, a MoE layer, attention, ring_attention, reduce_scatter and all_reduce as XLA FFI custom calls on
+XLA's stream, checked against jnp / jax.lax references (the reductions bit for bit against the fp32 sum in rank order, rounded once). One process per GPU;
 each process's JAX sees every GPU and computes on the one its interlace group uses."""
 import os
 
@@ -171,6 +171,59 @@ def check_moe():
     group.check()
 
 
+def reference_attention(q, k, v, causal, scale):
+    """fp32 attention and its lse (natural log) on q, k, v's values: [B, S, Hq, D] and [B, Hq, S]; query
+    head h reads KV head h // (Hq // Hkv)."""
+    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
+    k, v = (jnp.repeat(x, q.shape[2] // x.shape[2], axis=2) for x in (k, v))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=jax.lax.Precision.HIGHEST) * scale
+    if causal:
+        scores = jnp.where(jnp.tril(jnp.ones(scores.shape[-2:], dtype=bool)), scores, -jnp.inf)
+    lse = jax.nn.logsumexp(scores, axis=-1)
+    out = jnp.einsum("bhqk,bkhd->bqhd", jnp.exp(scores - lse[..., None]), v, precision=jax.lax.Precision.HIGHEST)
+    return out, lse
+
+
+def check_lse(lse, ref, what, tol=2e-3):
+    lse, ref = np.asarray(jax.device_get(lse)), np.asarray(jax.device_get(ref))
+    assert lse.shape == ref.shape and lse.dtype == np.float32, f"rank {RANK}: {what}: lse {lse.shape} {lse.dtype}"
+    err = float(np.abs(lse - ref).max()) if lse.size else 0.0
+    assert err < tol, f"rank {RANK}: {what}: lse off by {err}"
+
+
+def check_attention():
+    """attention under jit (causal, GQA 4:2, S = 300) against an fp32 jnp reference; ring_attention
+    on the zigzag shards of the same sequence (alike on every rank) against the shard of the
+    single-GPU result (the same engine, the blocks in another order: close, not equal), S = 301
+    with seq_len given where 2 x world does not divide S."""
+    def qkv(seq, d, seed):
+        rng = np.random.default_rng(seed)
+        return tuple(jnp.asarray(rng.standard_normal((2, seq, heads, d), dtype=np.float32), dtype=jnp.bfloat16)
+                     for heads in (4, 2, 2))
+
+    for d, causal, scale in ((64, True, None), (128, True, None), (128, False, 0.1)):
+        attend = jax.jit(lambda q, k, v, c=causal, s=scale: ij.attention(q, k, v, causal=c, softmax_scale=s))
+        q, k, v = qkv(300, d, 60 + d)
+        out, lse = attend(put(q), put(k), put(v))
+        ref_out, ref_lse = reference_attention(q, k, v, causal, scale or 1 / np.sqrt(d))
+        what = f"jit attention d={d} causal={causal} scale={scale}"
+        assert out.dtype == jnp.bfloat16, f"rank {RANK}: {what}: out is {out.dtype}"
+        check(out, ref_out, what)
+        check_lse(lse, ref_lse, what)
+    for seq in (300, 301):
+        seq_len = None if seq % (2 * WORLD) == 0 else seq
+        ring = jax.jit(lambda q, k, v, n=seq_len: ij.ring_attention(q, k, v, group, causal=True, seq_len=n))
+        attend = jax.jit(lambda q, k, v: ij.attention(q, k, v, causal=True))
+        for step in range(2):  # fresh inputs, the same executables
+            q, k, v = qkv(seq, 128, 70 + step)
+            out, lse = attend(put(q), put(k), put(v))
+            ring_out, ring_lse = ring(*(put(interlace.ring_attention_shard(x, RANK, WORLD)) for x in (q, k, v)))
+            what = f"jit ring_attention S={seq} step {step}"
+            check(ring_out, interlace.ring_attention_shard(out, RANK, WORLD), what)
+            check_lse(ring_lse, interlace.ring_attention_shard(lse, RANK, WORLD, dim=2), what)
+    group.check()
+
+
 def main():
     w = put(shard(99, K, 7, N))  # the same weight on every rank
     gather = jax.jit(lambda x: ij.all_gather(x, group))
@@ -194,6 +247,7 @@ def main():
     check(uneven(put(shard(RANK, rows[RANK], 11)), w), reference_matmul(full, shard(99, K, 7, N)), "jit ag_gemm uneven")
     check_row_parallel()
     check_moe()
+    check_attention()
     check_reductions()  # ends with a bad reduce_scatter call, as this ends with a bad gemm
     # An interlace.Error inside a handler comes back as a JAX error, not a crash (K not a multiple of 8).
     try:
@@ -203,8 +257,8 @@ def main():
     else:
         raise AssertionError("gemm with K = 12 did not raise")
     group.check()
-    print(f"rank {RANK}: jax.jit all_gather, gemm, ag_gemm, gemm_rs, gemm_ar, moe, reduce_scatter, all_reduce correct "
-          f"(jax {jax.__version__})")
+    print(f"rank {RANK}: jax.jit all_gather, gemm, ag_gemm, gemm_rs, gemm_ar, moe, attention, ring_attention, "
+          f"reduce_scatter, all_reduce correct (jax {jax.__version__})")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """interlace.jax under jax.jit on real GPUs, one process per GPU: the XLA FFI handlers run
-all_gather, gemm, ag_gemm, gemm_rs, gemm_ar, reduce_scatter and all_reduce on XLA's stream; results against jnp /
-jax.lax references, the reductions bit for bit and all_reduce the same bits on every rank
+all_gather, gemm, ag_gemm, gemm_rs, gemm_ar, reduce_scatter, all_reduce, the MoE ops, attention and
+ring_attention on XLA's stream; results against jnp / jax.lax references, the reductions bit for bit
+and all_reduce the same bits on every rank
 (jax_ffi_worker.py). Skips, saying why, where jax is missing or has no GPU backend."""
 import os
 import subprocess

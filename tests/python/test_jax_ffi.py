@@ -1,6 +1,6 @@
 """interlace.jax on the CPU: the XLA FFI handlers exist in the native module, and jax.jit of
 functions calling interlace.jax.all_gather, gemm, ag_gemm, gemm_rs, gemm_ar, reduce_scatter,
-all_reduce, moe_dispatch and moe_combine traces and lowers, for the CUDA
+all_reduce, moe_dispatch, moe_combine, attention and ring_attention traces and lowers, for the CUDA
 platform, to stablehlo.custom_call ops with interlace's target names, attributes and result shapes.
 Lowering for CUDA needs no GPU and no CUDA plugin; running the calls does (tests/gpu/test_jax_ffi_gpu.py).
 
@@ -212,3 +212,66 @@ def test_moe_dispatch_and_combine_lower_to_custom_calls(group):
     assert "tensor<768x256xbf16>, tensor<8xi32>, tensor<8xi32>" in dispatch_results
     assert "tensor<64x256xbf16>" in combine_result
     assert group.registered and group.registered[-1][0] == 4242
+
+
+def attention_calls(text):
+    """[(target, attributes, operand types, result types)] of every two-result stablehlo.custom_call."""
+    return re.findall(r"stablehlo\.custom_call @(\w+)\(.*?mhlo\.backend_config = \{(.*?)\}"
+                      r".*?\} : \((.*?)\) -> \((.*?)\)\n", text)
+
+
+def test_attention_lowers_to_custom_call():
+    q, kv = sds((2, 300, 4, 64)), sds((2, 300, 2, 64))  # GQA 4:2
+    text = lower_cuda(lambda q, k, v: ij.attention(q, k, v, causal=True), q, kv, kv)
+    [(target, attrs, operands, results)] = attention_calls(text)
+    assert target == "interlace_attention"
+    assert operands == "tensor<2x300x4x64xbf16>, tensor<2x300x2x64xbf16>, tensor<2x300x2x64xbf16>"
+    assert results == "tensor<2x300x4x64xbf16>, tensor<2x4x300xf32>"
+    assert "causal = true" in attrs and "softmax_scale = 0.000000e+00 : f64" in attrs
+    assert "group" not in attrs
+    text = lower_cuda(lambda q, k, v: ij.attention(q, k, v, softmax_scale=0.125), sds((1, 7, 8, 128), jnp.float16),
+                      sds((1, 33, 8, 128), jnp.float16), sds((1, 33, 8, 128), jnp.float16))
+    [(_, attrs, _, results)] = attention_calls(text)
+    assert results == "tensor<1x7x8x128xf16>, tensor<1x8x7xf32>"
+    assert "causal = false" in attrs and "softmax_scale = 1.250000e-01 : f64" in attrs
+
+
+def test_ring_attention_lowers_to_custom_call(group):
+    q, kv = sds((2, 128, 8, 128)), sds((2, 128, 2, 128))
+    text = lower_cuda(lambda q, k, v: ij.ring_attention(q, k, v, group, causal=True), q, kv, kv)
+    [(target, attrs, operands, results)] = attention_calls(text)
+    assert target == "interlace_ring_attention"
+    assert operands == "tensor<2x128x8x128xbf16>, tensor<2x128x2x128xbf16>, tensor<2x128x2x128xbf16>"
+    assert results == "tensor<2x128x8x128xbf16>, tensor<2x8x128xf32>"
+    assert f"group = {group.handle} : i64" in attrs and "seq_len = 0 : i64" in attrs
+    assert "causal = true" in attrs and "softmax_scale = 0.000000e+00 : f64" in attrs
+    assert group.registered == [(group.handle, "native stand-in")]
+    text = lower_cuda(lambda q, k, v: ij.ring_attention(q, k, v, group, softmax_scale=0.5, seq_len=509), q, kv, kv)
+    [(_, attrs, _, _)] = attention_calls(text)
+    assert "causal = false" in attrs and "softmax_scale = 5.000000e-01 : f64" in attrs
+    assert "seq_len = 509 : i64" in attrs
+
+
+def test_attention_shapes_and_errors(group):
+    out, lse = jax.eval_shape(lambda q, k, v: ij.attention(q, k, v), sds((3, 5, 6, 64), jnp.float16),
+                              sds((3, 9, 3, 64), jnp.float16), sds((3, 9, 3, 64), jnp.float16))
+    assert out.shape == (3, 5, 6, 64) and out.dtype == jnp.float16
+    assert lse.shape == (3, 6, 5) and lse.dtype == jnp.float32
+    out, lse = jax.eval_shape(lambda q, k, v: ij.ring_attention(q, k, v, group, causal=True), sds((1, 64, 4, 128)),
+                              sds((1, 64, 4, 128)), sds((1, 64, 4, 128)))
+    assert out.shape == (1, 64, 4, 128) and out.dtype == jnp.bfloat16
+    assert lse.shape == (1, 4, 64) and lse.dtype == jnp.float32
+    q = sds((1, 64, 4, 64))
+    for scale in (0, -1.0, float("nan")):  # 0 given on purpose must not mean 1 / sqrt(D)
+        with pytest.raises(interlace.Error, match="softmax_scale .* must be positive"):
+            jax.eval_shape(lambda q, k, v, s=scale: ij.attention(q, k, v, softmax_scale=s), q, q, q)
+        with pytest.raises(interlace.Error, match="softmax_scale .* must be positive"):
+            jax.eval_shape(lambda q, k, v, s=scale: ij.ring_attention(q, k, v, group, softmax_scale=s), q, q, q)
+    with pytest.raises(ValueError, match=r"not \[B, S, H, D\] alike"):
+        jax.eval_shape(lambda q, k, v: ij.attention(q, k, v), sds((64, 4, 64)), q, q)
+    with pytest.raises(ValueError, match=r"not \[B, S, H, D\] alike"):
+        jax.eval_shape(lambda q, k, v: ij.attention(q, k, v), q, q, sds((1, 32, 4, 64)))
+    with pytest.raises(ValueError, match=r"not \[B, S, H, D\] alike"):
+        jax.eval_shape(lambda q, k, v: ij.ring_attention(q, k, v, group), q, sds((1, 64, 4, 128)), sds((1, 64, 4, 128)))
+    with pytest.raises(TypeError, match="interlace.Group"):
+        jax.eval_shape(lambda q, k, v: ij.ring_attention(q, k, v, object()), q, q, q)
