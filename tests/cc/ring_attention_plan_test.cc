@@ -312,6 +312,50 @@ TEST(RingAttentionPlan, SlotProtocolSimulation) {
   }
 }
 
+// The compute CTAs' tiles: every query row of every (batch, head) in exactly one tile, within its
+// half; causal, every second-half tile before any first-half one, and within a (half, batch, head)
+// the tiles from last to first.
+TEST(RingAttentionPlan, QueryTilesCoverEveryRowOnceHeaviestFirst) {
+  for (int world = 1; world <= 5; ++world) {
+    for (int64_t seq : lengths(world)) {
+      for (bool causal : {false, true}) {
+        for (int rank = 0; rank < world; ++rank) {
+          const int heads = 3, batch = 2, tile = 16;
+          const RingAttentionPlan p = make_ring_attention_plan(world, rank, seq, causal, heads, 1, tile, tile, batch);
+          const int64_t rows = p.local_rows(rank);
+          std::vector<int> seen(static_cast<size_t>(batch * heads * rows), 0);
+          int last_half = 1;
+          std::vector<int> last_offset(2 * batch * heads, 1 << 30);
+          for (int64_t x = 0; x < p.query_ctas(); ++x) {
+            const RingAttentionPlan::QueryTile t = p.query_tile(x);
+            ASSERT_TRUE(t.batch >= 0 && t.batch < batch && t.head >= 0 && t.head < heads);
+            ASSERT_GT(t.rows, 0) << "a tile without queries";
+            if (causal) {
+              ASSERT_LE(t.half, last_half) << "a first-half tile before a second-half one";
+              last_half = t.half;
+              // Within its half: the half's rows are [start, start + query_rows(half)).
+              const int64_t start = t.half == 1 ? p.chunk_rows(rank) : 0;
+              ASSERT_EQ(t.row0, start + t.offset);
+              ASSERT_EQ(t.rows, p.query_rows(t.half) - t.offset);
+            } else {
+              ASSERT_EQ(t.half, 0);
+            }
+            int& previous = last_offset[(t.half * batch + t.batch) * heads + t.head];
+            ASSERT_LT(t.offset, previous) << "tiles of a half not from last to first";
+            previous = t.offset;
+            for (int64_t r = t.row0; r < t.row0 + std::min<int64_t>(t.rows, tile); ++r) {
+              ASSERT_LT(r, rows);
+              ++seen[static_cast<size_t>((t.batch * heads + t.head) * rows + r)];
+            }
+          }
+          ASSERT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }))
+              << "W " << world << " S " << seq << " causal " << causal << " rank " << rank;
+        }
+      }
+    }
+  }
+}
+
 TEST(RingAttentionPlan, GqaHeads) {
   for (int heads_kv : {1, 2, 8, 32}) {
     const RingAttentionPlan p = make_ring_attention_plan(2, 1, 100, true, 32, heads_kv);

@@ -35,8 +35,7 @@ struct RingAttentionParams {
   const char* k;        // this rank's K and V, [B, rows_k, Hkv, D]
   const char* v;
   uint64_t recv;        // heap offset of the receive slots, [W - 1][K, V][B, rows_recv, Hkv, D]
-  int32_t senders;      // CTAs that forward blocks (0 for one rank)
-  int32_t q_tiles[2];   // query tiles of this rank's two halves (causal), or [all, 0]
+  int32_t senders;      // CTAs that forward blocks (0 for one rank); the rest compute plan.query_tile
 };
 
 namespace ring_attention_detail {
@@ -216,26 +215,14 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     extern __shared__ __align__(1024) char smem[];
     auto& shared = *reinterpret_cast<typename Config::SharedStorage*>(smem);
     const RingAttentionPlan& plan = p.plan;
-    // Heaviest first: under the causal mask a rank's second half (a late chunk) sees far more keys
-    // than its first, and within a half the last tiles see the most of the diagonal. A CTA per
-    // (tile, head, batch), tiles of one head together (they read the same K/V).
-    const int x = role - p.senders;
-    const int second = p.q_tiles[1] * plan.heads_q * plan.batch;
-    if (x >= second + p.q_tiles[0] * plan.heads_q * plan.batch) {  // the one CTA of an empty call
+    const int64_t x = role - p.senders;
+    if (x >= plan.query_ctas()) {  // the one CTA of an empty call
       device::op_end(t);
       return;
     }
-    const int half = x < second ? 1 : 0;
-    const int rest = x < second ? x : x - second;
-    const int tiles = p.q_tiles[half];
-    const int head = (rest / tiles) % plan.heads_q, batch = rest / (tiles * plan.heads_q);
-    const int tile_in_half = tiles - 1 - rest % tiles;
-    // Causal: the query half's own rows; otherwise the whole shard.
-    const int half_start = half == 0 ? 0 : static_cast<int>(plan.chunk_rows(plan.rank));
-    const int half_rows = !plan.causal ? p.attn.rows_q
-                                       : static_cast<int>(plan.chunk_rows(plan.chunk_of(plan.rank, half)));
-    const int offset = tile_in_half * Config::kTileQ;
-    const attention_engine::QueryTile tile{batch, head, half_start + offset, half_rows - offset, offset};
+    const RingAttentionPlan::QueryTile q = plan.query_tile(x);  // heaviest first (plan.h)
+    const attention_engine::QueryTile tile{q.batch, q.head, q.row0, q.rows, q.offset};
+    const int half = q.half;
     RingSchedule schedule{plan, half, t, p.wait, &flags, op};
     attention_engine::attention_cta<Config, RingSchedule, 48, 224>(p.attn, schedule, tile, shared);
     // The producer's warp comes back diverged (one lane issued the loads): reconverge it before

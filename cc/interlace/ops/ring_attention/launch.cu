@@ -21,21 +21,13 @@ constexpr int kSenders = 16;
 // an empty call still takes its place in the op sequence.
 struct RingGrid {
   int32_t senders = 0;
-  int32_t q_tiles[2] = {0, 0};  // of this rank's two halves (causal), or [all, 0]
   int64_t ctas = 1;
 };
 
-RingGrid ring_grid(const RingAttentionPlan& plan, int64_t rows_q, int64_t heads_q, int64_t batch) {
+RingGrid ring_grid(const RingAttentionPlan& plan) {
   RingGrid g;
   g.senders = plan.world > 1 ? std::min(kSenders, plan.pieces()) : 0;
-  const auto tiles = [&](int64_t rows) { return static_cast<int32_t>((rows + plan.tile_q - 1) / plan.tile_q); };
-  if (plan.causal) {
-    g.q_tiles[0] = tiles(plan.chunk_rows(plan.rank));
-    g.q_tiles[1] = tiles(plan.chunk_rows(plan.chunk_of(plan.rank, 1)));
-  } else {
-    g.q_tiles[0] = tiles(rows_q);
-  }
-  g.ctas = std::max<int64_t>(1, g.senders + static_cast<int64_t>(g.q_tiles[0] + g.q_tiles[1]) * heads_q * batch);
+  g.ctas = std::max<int64_t>(1, g.senders + plan.query_ctas());
   return g;
 }
 
@@ -79,8 +71,6 @@ void launch(OpCall& call, Group& group, const AttentionProblem& a, const RingAtt
   p.recv = recv;
   static_assert(Config::kTileQ == 128, "the plan's tile_q");
   p.senders = grid.senders;
-  p.q_tiles[0] = grid.q_tiles[0];
-  p.q_tiles[1] = grid.q_tiles[1];
   call.launch([&](cudaStream_t s) {  // within launch: a failure here aborts the group, as peers run
     auto kernel = ring_attention_kernel<Config>;
     const int smem = static_cast<int>(sizeof(typename Config::SharedStorage));
@@ -114,7 +104,7 @@ void ring_attention(Group& group, const TensorView& q, const TensorView& k, cons
     IL_CHECK(plan.local_rows(topo.rank) == a.seq_q, "ring_attention: rank ", topo.rank, "'s shard of a sequence of ",
              seq, " rows over ", topo.world_size, " ranks has ", plan.local_rows(topo.rank), " rows, but q has ",
              a.seq_q, seq_len > 0 ? "" : " (pass seq_len, the global length, where 2 x world_size does not divide it)");
-    grid = ring_grid(plan, a.seq_q, a.heads_q, a.batch);
+    grid = ring_grid(plan);
     IL_CHECK(grid.ctas < (int64_t{1} << 31), "ring_attention: ", grid.ctas, " CTAs are more than one launch takes");
     const int64_t elem = 2;
     const uint64_t bytes = static_cast<uint64_t>(std::max(topo.world_size - 1, 0)) * 2 * a.batch *

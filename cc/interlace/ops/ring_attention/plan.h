@@ -169,6 +169,39 @@ struct RingAttentionPlan {
     return (b * heads_kv + h) * pieces_per_head() + static_cast<int32_t>(row / flag_rows);
   }
 
+  // ---- The compute CTAs' query tiles, tile_q rows each, a CTA per (tile, head, batch). Causal: every
+  // CTA of the rank's second halves (a late chunk, which sees far more keys) before any of its first;
+  // within a half, per (batch, head) together (they read the same K/V), the last tiles (the most of
+  // the diagonal) first. Non-causal: the shard whole, as half 0.
+  IL_HOST_DEVICE int64_t query_rows(int32_t h) const {
+    return !causal ? (h == 0 ? local_rows(rank) : 0) : chunk_rows(chunk_of(rank, h));
+  }
+  IL_HOST_DEVICE int32_t query_tiles(int32_t h) const {
+    return static_cast<int32_t>((query_rows(h) + tile_q - 1) / tile_q);
+  }
+  IL_HOST_DEVICE int64_t query_ctas() const {
+    return static_cast<int64_t>(query_tiles(0) + query_tiles(1)) * heads_q * batch;
+  }
+  // The x-th compute CTA's tile, 0 <= x < query_ctas(): local rows [row0, row0 + min(rows, tile_q)) of
+  // (batch, head), rows counting to the end of its half; offset: row0's offset within the half.
+  struct QueryTile {
+    int32_t batch, head, half, row0, rows, offset;
+  };
+  IL_HOST_DEVICE QueryTile query_tile(int64_t x) const {
+    const int64_t second = static_cast<int64_t>(query_tiles(1)) * heads_q * batch;
+    QueryTile t;
+    t.half = x < second ? 1 : 0;
+    const int64_t rest = x < second ? x : x - second;
+    const int32_t tiles = query_tiles(t.half);
+    t.head = static_cast<int32_t>(rest / tiles % heads_q);
+    t.batch = static_cast<int32_t>(rest / (static_cast<int64_t>(tiles) * heads_q));
+    t.offset = (tiles - 1 - static_cast<int32_t>(rest % tiles)) * tile_q;
+    const int64_t start = causal && t.half == 1 ? chunk_rows(rank) : 0;
+    t.row0 = static_cast<int32_t>(start + t.offset);
+    t.rows = static_cast<int32_t>(query_rows(t.half) - t.offset);
+    return t;
+  }
+
   // ---- GQA: Hq = g * Hkv; query head hq reads key/value head hq / g (consecutive query heads share).
   IL_HOST_DEVICE int32_t group_size() const { return heads_q / heads_kv; }
   IL_HOST_DEVICE int32_t kv_head(int32_t hq) const { return hq / group_size(); }
