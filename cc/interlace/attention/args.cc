@@ -10,13 +10,8 @@ namespace {
 bool is16(const DLDataType& t, uint8_t code) { return t.code == code && t.bits == 16 && t.lanes == 1; }
 
 // q, k and v are read by TMA (16-byte aligned); out and lse are written in 4-byte words.
-void check_placed(const char* name, const TensorView& t, int device, size_t align = 16) {
-  IL_CHECK(t.contiguous(), "attention: ", name, " must be contiguous; its strides are not (", t.shape_string(),
-           ")");
-  IL_CHECK(t.device.device_type == kDLCUDA && t.device.device_id == device, "attention: ", name, " is on ",
-           t.device_string(), " but the GPU is cuda:", device);
-  IL_CHECK(reinterpret_cast<uintptr_t>(t.data) % align == 0 || t.numel() == 0, "attention: ", name, " must start ",
-           align, "-byte aligned; it starts at byte ", reinterpret_cast<uintptr_t>(t.data) % align, " of ", align);
+void check_attention_placed(const char* name, const TensorView& t, int device, size_t align = 16) {
+  interlace::check_placed("attention", name, t, device, align, "the GPU");
 }
 
 }  // namespace
@@ -70,15 +65,15 @@ AttentionProblem check_attention_args(const TensorView& q, const TensorView& k, 
              "]");
   }
 
-  check_placed("q", q, device);
-  check_placed("k", k, device);
-  check_placed("v", v, device);
-  check_placed("out", out, device, 4);
+  check_attention_placed("q", q, device);
+  check_attention_placed("k", k, device);
+  check_attention_placed("v", v, device);
+  check_attention_placed("out", out, device, 4);
   for (const TensorView* t : {&q, &k, &v}) {
     IL_CHECK(!bytes_overlap(out, *t), "attention: out overlaps an input in memory; write to a separate tensor");
   }
   if (lse != nullptr) {
-    check_placed("lse", *lse, device, 4);
+    check_attention_placed("lse", *lse, device, 4);
     for (const TensorView* t : {&q, &k, &v, &out}) {
       IL_CHECK(!bytes_overlap(*lse, *t), "attention: lse overlaps another tensor in memory");
     }

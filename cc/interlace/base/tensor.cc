@@ -27,6 +27,15 @@ bool bytes_overlap(const TensorView& a, const TensorView& b) {
   return a.nbytes() > 0 && b.nbytes() > 0 && lo_a < lo_b + b.nbytes() && lo_b < lo_a + a.nbytes();
 }
 
+void check_placed(const char* op, const char* name, const TensorView& t, int device, size_t align, const char* gpu) {
+  IL_CHECK(t.contiguous(), op, ": ", name, " must be contiguous (C order), its strides are not");
+  IL_CHECK(t.device.device_type == kDLCUDA && t.device.device_id == device, op, ": ", name, " is on ",
+           t.device_string(), " but ", gpu, " is cuda:", device);
+  const size_t misaligned = reinterpret_cast<uintptr_t>(t.data) % align;
+  IL_CHECK(misaligned == 0 || t.numel() == 0, op, ": ", name, " must start ", align, "-byte aligned; it starts at byte ",
+           misaligned, " of ", align);
+}
+
 std::string TensorView::dtype_name() const {
   std::string base;
   switch (dtype.code) {

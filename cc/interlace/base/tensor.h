@@ -28,4 +28,10 @@ struct TensorView {
 // Whether two dense (C-contiguous) tensors share a byte; a tensor without elements shares none.
 bool bytes_overlap(const TensorView& a, const TensorView& b);
 
+// What an op requires of a tensor its kernels move as dense rows: C-contiguous, on CUDA GPU `device`
+// (`gpu` says whose, in the message), starting `align`-byte aligned. Raises interlace::Error naming
+// op and tensor. A tensor without elements has no address to check.
+void check_placed(const char* op, const char* name, const TensorView& t, int device, size_t align,
+                  const char* gpu = "the group's GPU");
+
 }  // namespace interlace

@@ -7,16 +7,6 @@ namespace {
 
 bool is_bf16(const TensorView& t) { return t.dtype.code == kDLBfloat && t.dtype.bits == 16 && t.dtype.lanes == 1; }
 
-// The kernels index every tensor as dense rows; rows move as 16-byte vectors, the routing in elements.
-void check_placed(const char* op, const char* name, const TensorView& t, int device, size_t align = kMoeRowAlignBytes) {
-  IL_CHECK(t.contiguous(), op, ": ", name, " must be contiguous (C order), its strides are not");
-  IL_CHECK(t.device.device_type == kDLCUDA && t.device.device_id == device, op, ": ", name, " is on ",
-           t.device_string(), " but the group's GPU is cuda:", device);
-  IL_CHECK(reinterpret_cast<uintptr_t>(t.data) % align == 0, op, ": ", name, " must start ", align,
-           "-byte aligned; it starts at byte ", reinterpret_cast<uintptr_t>(t.data) % align, " of ", align);
-}
-
-
 }  // namespace
 
 MoeShape check_moe_dispatch_args(const TensorView& x, const TensorView& topk_idx, const TensorView& topk_weights,
@@ -24,7 +14,8 @@ MoeShape check_moe_dispatch_args(const TensorView& x, const TensorView& topk_idx
   const char* op = "moe_dispatch";
   IL_CHECK(x.shape.size() == 2, op, ": x must be 2-D [tokens, hidden], got shape ", x.shape_string());
   IL_CHECK(is_bf16(x), op, ": x has dtype ", x.dtype_name(), "; it must be bfloat16");
-  check_placed(op, "x", x, device);
+  // The kernels index every tensor as dense rows; rows move as 16-byte vectors, the routing in elements.
+  check_placed(op, "x", x, device, kMoeRowAlignBytes);
   const int64_t tokens = x.shape[0], hidden = x.shape[1];
   IL_CHECK(hidden >= 1 && (hidden * 2) % kMoeRowAlignBytes == 0, op, ": hidden size ", hidden, " is ", hidden * 2,
            " bytes a row; it must be a positive multiple of 8 elements (16 bytes): pad the hidden size");
@@ -66,8 +57,8 @@ void check_moe_combine_args(const TensorView& expert_out, const TensorView& out,
            "], the layout of the dispatch's expert_x (its handle's receive rows)");
   IL_CHECK(out.shape == std::vector<int64_t>({tokens, hidden}), op, ": out has shape ", out.shape_string(),
            "; it must be [", tokens, ", ", hidden, "], the dispatch's tokens on this rank");
-  check_placed(op, "expert_out", expert_out, device);
-  check_placed(op, "out", out, device);
+  check_placed(op, "expert_out", expert_out, device, kMoeRowAlignBytes);
+  check_placed(op, "out", out, device, kMoeRowAlignBytes);
   IL_CHECK(!bytes_overlap(expert_out, out), op, ": expert_out and out overlap; they must be separate memory");
 }
 
