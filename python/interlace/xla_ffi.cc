@@ -272,6 +272,16 @@ auto bind_collective() {
       .Attr<int64_t>("chunk_bytes");
 }
 
+// attention and ring_attention: q, k, v in; out and lse out.
+auto bind_attention() {
+  return bind_on_stream()
+      .Arg<xla::ffi::AnyBuffer>()
+      .Arg<xla::ffi::AnyBuffer>()
+      .Arg<xla::ffi::AnyBuffer>()
+      .Ret<xla::ffi::AnyBuffer>()
+      .Ret<xla::ffi::AnyBuffer>();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_all_gather, interlace::all_gather_impl, bind_collective());
@@ -351,22 +361,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_moe_combine, interlace::moe_combine_
                                   .Attr<int64_t>("moe"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_attention, interlace::attention_impl,
-                              bind_on_stream()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Attr<bool>("causal")
-                                  .Attr<double>("softmax_scale"));
+                              bind_attention().Attr<bool>("causal").Attr<double>("softmax_scale"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_ring_attention, interlace::ring_attention_impl,
-                              bind_on_stream()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
+                              bind_attention()
                                   .Attr<int64_t>("group")
                                   .Attr<bool>("causal")
                                   .Attr<double>("softmax_scale")
