@@ -38,6 +38,10 @@ class CudaLoopbackEngine::OnDevice {
 CudaLoopbackEngine::CudaLoopbackEngine(int device) : device_(device) {
   DeviceGuard guard(device);
   IL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  // Load the flag kernel now. Under lazy loading (CUDA's default) its first launch would load it,
+  // which may wait for the context's running kernels: an op kernel waiting for this very flag.
+  cudaFuncAttributes attributes;
+  IL_CUDA_CHECK(cudaFuncGetAttributes(&attributes, loopback_flag_add));
 }
 
 CudaLoopbackEngine::~CudaLoopbackEngine() {
