@@ -11,6 +11,12 @@ __device__ __forceinline__ void store_release_sys(uint64_t* flag, uint64_t value
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(flag), "l"(value) : "memory");
 }
 
+// Adds to a flag (on this GPU or a peer's) after everything this thread ordered before it: a count
+// that several CTAs raise.
+__device__ __forceinline__ void add_release_sys(uint64_t* flag, uint64_t value) {
+  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(flag), "l"(value) : "memory");
+}
+
 __device__ __forceinline__ uint64_t load_acquire_sys(const uint64_t* flag) {
   uint64_t value;
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(flag) : "memory");

@@ -31,6 +31,8 @@ const char* flag_name(FlagId flag) {
     case FlagId::kCombined: return "combined (an expert's outputs for this rank's tokens have landed)";
     case FlagId::kBarrier: return "barrier (a CTA of this rank finished a phase)";
     case FlagId::kLanded: return "landed (a piece of a K/V block from the previous rank has landed)";
+    case FlagId::kReady: return "ready (a rank on another node has started this all_gather)";
+    case FlagId::kNetChunk: return "network chunk (a chunk of a shard from another node has landed)";
     default: return "unknown flag";
   }
 }

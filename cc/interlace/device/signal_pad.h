@@ -45,6 +45,8 @@ enum class FlagId : int32_t {
   kCombined = 9,  // moe_combine: an expert's outputs for this rank's tokens
   kBarrier = 10,  // moe: a CTA of this rank has finished a phase
   kLanded = 11,   // ring_attention: a piece of a K/V block from rank - 1
+  kReady = 12,    // all_gather across nodes: a network receiver has started the launch
+  kNetChunk = 13, // all_gather across nodes: a chunk of a shard from another node, in a relay slot
 };
 
 // The handshake every op kernel makes on entry (device/op_sequence.cuh). Ops of a group run one
@@ -90,7 +92,9 @@ IL_HOST_DEVICE inline Flags* op_flags(SignalPad* pad) {
   return reinterpret_cast<Flags*>(pad->regions[static_cast<int>(kOp) - 1]);
 }
 
-enum class FaultCode : int32_t { kNone = 0, kTimeout = 1, kAborted = 2, kMismatch = 3 };
+// kProxyPost: a kernel could not post a request to the proxy FIFO; DeviceFault::seen holds the
+// device::ProxySend result (no credit within the timeout, or a request outside the heap).
+enum class FaultCode : int32_t { kNone = 0, kTimeout = 1, kAborted = 2, kMismatch = 3, kProxyPost = 4 };
 
 // A wait's peer argument at or above this names a global rank (peer - kFaultPeerGlobal): a rank of
 // another node, which has no local rank; below, a local rank (NVLink peers).

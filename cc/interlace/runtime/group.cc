@@ -184,6 +184,13 @@ std::string Group::describe_abort() {
       device = concat(where, " and found another op or other arguments there (op #", f.expected >> kSignatureBits,
                       ": signature ", f.expected & kSignatureMask, " here, ", f.seen & kSignatureMask,
                       " there): ranks must call the same ops, in the same order, with the same arguments");
+    } else if (code == FaultCode::kProxyPost) {
+      device = concat(op_name(static_cast<OpId>(f.op)), " on rank ", f.rank, " (block ", f.block,
+                      ") could not post a write raising flag '", flag_name(static_cast<FlagId>(f.flag)), "' on rank ",
+                      peer_rank, " to its proxy: ",
+                      f.seen == static_cast<uint64_t>(device::ProxySend::kTimedOut)
+                          ? concat("the FIFO had no room for ", f.waited_ns / 1e9, " s (the proxy thread is stuck)")
+                          : concat("the request was refused (code ", f.seen, ": outside the heap or unpaired; a bug)"));
     } else {
       device = concat(where, " when the group was aborted");
     }

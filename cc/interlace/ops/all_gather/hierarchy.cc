@@ -148,4 +148,9 @@ uint64_t hier_arrived_offset(int slot, int chunk) {
          8 * (static_cast<uint64_t>(slot) * kHierMaxChunks + static_cast<uint64_t>(chunk));
 }
 
+uint64_t hier_ready_offset(int q) {
+  IL_CHECK(q >= 0 && q < kHierMaxRanks, "all_gather across nodes: no ready flag for rank ", q);
+  return hier_flags_offset() + offsetof(HierAllGatherFlags, ready) + 8 * static_cast<uint64_t>(q);
+}
+
 }  // namespace interlace

@@ -1,4 +1,4 @@
-// all_gather across nodes (groundwork: the plan, CPU-tested; the kernel comes later). Every rank's
+// all_gather across nodes: the plan, CPU-tested (the kernel is ops/all_gather/hier_kernel.cuh). Every rank's
 // shard crosses the network once per remote node, to one rank there, which fans it out over
 // NVLink to the rest of its node. Each shard moves in `chunks` chunks.
 //
@@ -29,9 +29,15 @@
 // same local index (rail-aligned: GPU i of each node talks to GPU i of the others), slot = the
 // sender's node index among the others.
 //
-// A network chunk is written from the sender's own landing slot (the proxy carries heap bytes
-// only), so the sender copies chunk c of inp there, fences, and then posts it. Landing slots are
-// `out` when it is symmetric, else heap scratch copied into out once landed[s] is complete.
+// Before its first network write of a launch, a sender waits until each of its network receivers
+// has started that launch (ready[q], which q raises through the proxy on entry): q's landing slots
+// are then free, and so is the sender's staging, since q has received the previous shard.
+//
+// A network chunk is written from the sender's staging buffer in heap scratch (the proxy carries
+// heap bytes only, and must not read `out`, which the caller owns again once the kernel ends while
+// the network may still be reading), so the sender copies chunk c of inp there, fences, and then
+// posts it. Landing slots are `out` when it is symmetric, else heap scratch copied into out once
+// landed[s] is complete.
 #pragma once
 
 #include <cstdint>
@@ -106,10 +112,17 @@ struct HierAllGatherFlags {
   uint64_t landed[kHierMaxRanks];                     // [s]: chunks of s's shard landed here, all launches
   uint64_t arrived[kHierMaxRelayed][kHierMaxChunks];  // [j][c]: network arrivals of chunk c in relay slot j
   uint64_t consumed[kHierMaxRelayed][kHierMaxChunks]; // local: arrived[j][c] as last taken
+  // [q]: launches network receiver q has started. A sender writes into q's landing slot only once q
+  // has started the same launch: q's stream is then past every earlier use of it (its out
+  // included), and q has received the sender's previous shard, so the sender's staging is free too.
+  uint64_t ready[kHierMaxRanks];
   uint64_t base;                                      // local: chunks per shard over all launches so far
+  uint64_t launches;                                  // local: launches so far
+  uint32_t finished;                                  // local: CTAs of the running launch that are done
 };
 // Heap offsets (the same on every rank; SRD needs them in the heap's first 128 MiB).
 uint64_t hier_landed_offset(int s);
 uint64_t hier_arrived_offset(int slot, int chunk);
+uint64_t hier_ready_offset(int q);
 
 }  // namespace interlace

@@ -3,6 +3,8 @@
 #include <atomic>
 
 #include "interlace/base/cuda.h"
+#include "interlace/ops/all_gather/hier_kernel.cuh"
+#include "interlace/ops/all_gather/hierarchy.h"
 #include "interlace/ops/all_gather/kernel.cuh"
 #include "interlace/runtime/op_call.h"
 
@@ -15,22 +17,85 @@ constexpr Kernel kKernel = all_gather_kernel<device::NvlinkTransport>;
 // CTAs of the kernel that fit on the group's GPU at once: the plan never launches more, since CTAs
 // wait on their peers' CTAs and all of them must be resident. It depends only on the kernel and the
 // device, so it is looked up once per device (racing lookups store the same value).
+template <auto kFn, int kThreads>
 int resident_blocks(const Group& group) {
   static std::atomic<int> by_device[64] = {};
   const int device = group.device();
   int known = device < 64 ? by_device[device].load() : 0;
   if (known > 0) return known;
   int per_sm = 0;
-  IL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kAllGatherThreads, 0));
+  IL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kFn, kThreads, 0));
   known = per_sm * group.num_sms();
   if (device < 64) by_device[device].store(known);
   return known;
+}
+
+// A group of several nodes: hier_kernel.cuh.
+void all_gather_across_nodes(Group& group, const TensorView& out, const TensorView& inp, cudaStream_t stream,
+                             AllGatherTuning tuning) {
+  OpCall call(group, OpId::kAllGather, stream);
+  const Topology& topo = group.topology();
+  SymmetricHeap& heap = group.heap();
+  const uint64_t bytes = inp.nbytes();
+  const NodeLayout layout = make_node_layout(group.node_names());
+  const AgRankWork work = all_gather_rank_work(layout, topo.rank);
+  HierAllGatherPlan plan;
+  long long out_offset = -1;
+  size_t scratch = 0;
+  int num_blocks = 1;
+  const uint64_t signature = call.agree([&] {
+    check_all_gather_args(out, inp, topo.world_size, group.device());
+    IL_CHECK(tuning.num_blocks == 0, "all_gather across nodes: num_blocks is chosen from the chunks; leave it 0");
+    IL_CHECK(static_cast<int>(work.network_peers.size()) <= kHierMaxNetworkPeers, "all_gather across nodes: ",
+             layout.num_nodes(), " nodes, more than the ", kHierMaxNetworkPeers + 1, " supported");
+    plan = plan_hier_all_gather(layout, bytes, tuning.chunk_bytes);
+    out_offset = heap.offset_of(out.data, out.nbytes());
+    // The staging buffer the network reads this rank's shard from, after the landing area when that
+    // is scratch too.
+    const size_t landing_bytes = out_offset >= 0 ? 0 : bytes * topo.world_size;
+    if (bytes > 0) {
+      scratch = group.scratch(landing_bytes + bytes, "all_gather's staging and landing buffers across nodes",
+                              call.capturing());
+    }
+    const int items = std::max({plan.chunks, static_cast<int>(work.relayed.size()) * plan.chunks,
+                                (topo.world_size - 1) * (out_offset >= 0 ? 1 : plan.chunks), 1});
+    num_blocks = std::min({items, group.num_sms(), resident_blocks<hier_all_gather_kernel, kHierAllGatherThreads>(group)});
+    return detail::concat("all_gather_across_nodes(bytes_per_rank=", bytes, ", dtype=", inp.dtype_name(),
+                          ", out=", out_offset < 0 ? "ordinary" : "symmetric", ", out_offset=", out_offset,
+                          ", scratch=", scratch, ", chunk_bytes=", plan.chunk_bytes, ", num_blocks=", num_blocks, ")");
+  });
+
+  HierAllGatherParams p{};
+  p.nvlink = call.nvlink();
+  p.proxy = group.proxy_transport();
+  p.wait = call.wait_context();
+  p.signature = signature;
+  p.inp = static_cast<const char*>(inp.data);
+  p.out = static_cast<char*>(out.data);
+  p.copy_out = out_offset < 0;
+  p.landing = out_offset >= 0 ? static_cast<uint64_t>(out_offset) : scratch;
+  p.staging = scratch + (out_offset >= 0 ? 0 : bytes * topo.world_size);
+  p.rank = topo.rank;
+  p.world = topo.world_size;
+  p.bytes_per_rank = bytes;
+  p.chunk_bytes = plan.chunk_bytes;
+  p.chunks = plan.chunks;
+  p.num_network = static_cast<int>(work.network_peers.size());
+  p.num_relayed = static_cast<int>(work.relayed.size());
+  for (int k = 0; k < p.num_network; ++k) {
+    const int q = work.network_peers[k];
+    p.network_peer[k] = q;
+    p.network_slot[k] = relay_slot(layout, topo.rank, layout.node_of[q]);
+  }
+  for (int j = 0; j < p.num_relayed; ++j) p.relayed[j] = work.relayed[j];
+  call.launch([&](cudaStream_t s) { hier_all_gather_kernel<<<num_blocks, kHierAllGatherThreads, 0, s>>>(p); });
 }
 
 }  // namespace
 
 void all_gather(Group& group, const TensorView& out, const TensorView& inp, cudaStream_t stream,
                 AllGatherTuning tuning) {
+  if (group.topology().num_nodes > 1) return all_gather_across_nodes(group, out, inp, stream, tuning);
   OpCall call(group, OpId::kAllGather, stream);
   const Topology& topo = group.topology();
   SymmetricHeap& heap = group.heap();
@@ -40,8 +105,7 @@ void all_gather(Group& group, const TensorView& out, const TensorView& inp, cuda
   size_t landing = 0;
   const uint64_t signature = call.agree([&] {
     check_all_gather_args(out, inp, topo.world_size, group.device());
-    check_one_node(group, "all_gather");
-    plan = plan_all_gather(bytes, resident_blocks(group), tuning);
+    plan = plan_all_gather(bytes, resident_blocks<kKernel, kAllGatherThreads>(group), tuning);
     out_offset = heap.offset_of(out.data, out.nbytes());
     landing = out_offset >= 0 || bytes == 0
                   ? static_cast<size_t>(std::max(out_offset, 0LL))
