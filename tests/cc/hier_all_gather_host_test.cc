@@ -1,9 +1,14 @@
 // The hierarchical all_gather protocol (ops/all_gather/hierarchy.h) run end to end on CPU threads
-// over host memory, with the pieces the kernel will use: each rank is a thread with a heap that
-// starts with a SignalPad; NVLink puts are memcpy into the peer's heap then an atomic add on its
-// flag; network chunks go through that rank's ProxyTransport, FIFO and CrossNodeProxy (the memory
-// backend, shuffled, as SRD delivers). Checks that the plan's flags and offsets fit together:
-// every rank ends with every shard, over two launches (flags only grow).
+// over host memory, as the kernel (ops/all_gather/hier_kernel.cuh) does it: each rank is a thread
+// with a heap that starts with a SignalPad, then the landing slots, then its staging buffer; NVLink
+// puts are memcpy into the peer's heap then an atomic add on its flag; network chunks (ready
+// signals included) go through that rank's ProxyTransport, FIFO and CrossNodeProxy (the memory
+// backend, shuffled, as SRD delivers). Checks that the plan's flags and offsets fit together: every
+// rank ends each of two launches with every shard (flags only grow). Each rank checks its landing
+// slots in its own thread before it starts the next launch, so a sender that writes the next
+// launch's shard too early is caught: with a barrier between launches (the op handshake, which in
+// reality covers only a node), and back to back with one rank per node, where only the ready
+// handshake holds a fast sender back.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -64,7 +69,7 @@ struct Rank {
   std::unique_ptr<CrossNodeProxy> proxy;
 };
 
-// One launch of rank r, as the kernel will do it. False if a wait failed.
+// One launch of rank r, as the kernel does it. False if a wait or a post failed.
 bool run_rank(const NodeLayout& l, const HierAllGatherPlan& plan, std::vector<char*>& heaps, Rank& me, int r,
               const std::vector<char>& inp, uint64_t heap_bytes) {
   const AgRankWork work = all_gather_rank_work(l, r);
@@ -77,30 +82,47 @@ bool run_rank(const NodeLayout& l, const HierAllGatherPlan& plan, std::vector<ch
   HierAllGatherFlags* flags = reinterpret_cast<HierAllGatherFlags*>(heap + hier_landed_offset(0) -
                                                                     offsetof(HierAllGatherFlags, landed));
   const uint64_t bytes = plan.bytes_per_rank;
+  const uint64_t staging = kLanding + l.world_size() * bytes;
+  const uint64_t launch = flags->launches + 1;
   auto chunk = [&](int c, uint64_t* lo, uint64_t* n) {
     *lo = std::min<uint64_t>(c * plan.chunk_bytes, bytes);
     *n = std::min<uint64_t>(*lo + plan.chunk_bytes, bytes) - *lo;
   };
-  auto nvlink_put = [&](int q, int s, int c) {  // chunk c of s's slot from here into q's, then landed[s] there
+  // Chunk c of s's shard, held at `shard` here, into q's landing slot, then landed[s] there.
+  auto nvlink_put = [&](int q, int s, int c, const char* shard) {
     uint64_t lo, n;
     chunk(c, &lo, &n);
-    const uint64_t off = kLanding + s * bytes + lo;
-    std::memcpy(heaps[q] + off, heap + off, n);
+    std::memcpy(heaps[q] + kLanding + s * bytes + lo, shard + lo, n);
     __atomic_fetch_add(at(heaps[q], hier_landed_offset(s)), 1, __ATOMIC_RELEASE);
   };
-  // 1. Own shard: into the own landing slot, then over NVLink and the network, chunk by chunk.
+  // 0. Tell each rank whose shard lands here from the network that this launch has started.
+  for (int s : work.relayed) {
+    if (t.signal(s, &flags->ready[r], 1) != ProxySend::kPosted) return false;
+  }
+  // 1. Own shard, from inp: into the own landing slot and over NVLink.
   for (int c = 0; c < plan.chunks; ++c) {
     uint64_t lo, n;
     chunk(c, &lo, &n);
-    const uint64_t off = kLanding + r * bytes + lo;
-    std::memcpy(heap + off, inp.data() + lo, n);
-    for (int q : work.nvlink_peers) nvlink_put(q, r, c);
+    std::memcpy(heap + kLanding + r * bytes + lo, inp.data() + lo, n);
+    for (int q : work.nvlink_peers) nvlink_put(q, r, c, inp.data());
+  }
+  // 2. Own shard over the network, from staging, once every network receiver has started this
+  // launch: before that, its landing slot (and so our staging) may still hold the last launch's.
+  for (int q : work.network_peers) {
+    if (t.wait(&flags->ready[q], launch, HostWait{20 * kSecond}, FlagId::kReady, q) == 0) return false;
+  }
+  for (int c = 0; c < plan.chunks && !work.network_peers.empty(); ++c) {
+    uint64_t lo, n;
+    chunk(c, &lo, &n);
+    std::memcpy(heap + staging + lo, inp.data() + lo, n);
     for (int q : work.network_peers) {
       uint64_t* arrived = at(heap, hier_arrived_offset(relay_slot(l, r, l.node_of[q]), c));
-      if (t.put_signal(q, off, heap + off, n, arrived, 1) != ProxySend::kPosted) return false;
+      if (t.put_signal(q, kLanding + r * bytes + lo, heap + staging + lo, n, arrived, 1) != ProxySend::kPosted) {
+        return false;
+      }
     }
   }
-  // 2. Relays: take each chunk of each relayed shard as it arrives, in whatever order.
+  // 3. Relays: take each chunk of each relayed shard as it arrives, in whatever order.
   std::vector<std::pair<int, int>> pending;
   for (int j = 0; j < static_cast<int>(work.relayed.size()); ++j) {
     for (int c = 0; c < plan.chunks; ++c) pending.emplace_back(j, c);
@@ -118,24 +140,31 @@ bool run_rank(const NodeLayout& l, const HierAllGatherPlan& plan, std::vector<ch
       flags->consumed[j][c] = seen;
       const int s = work.relayed[j];
       __atomic_fetch_add(&flags->landed[s], 1, __ATOMIC_RELEASE);
-      for (int q : work.nvlink_peers) nvlink_put(q, s, c);
+      for (int q : work.nvlink_peers) nvlink_put(q, s, c, heap + kLanding + s * bytes);
       pending[i] = pending.back();
       pending.pop_back();
     }
   }
-  // 3. The final waits, the same for every shard whatever its path.
+  // 4. The final waits, the same for every shard whatever its path.
   for (int s : work.waits_for) {
     if (t.wait(&flags->landed[s], flags->base + plan.chunks, HostWait{20 * kSecond}, FlagId::kDone, s) == 0) return false;
   }
   flags->base += plan.chunks;
+  flags->launches = launch;
   return true;
 }
 
-void run_group(const std::vector<std::string>& names, uint64_t bytes, uint64_t chunk_bytes) {
+enum class Between { kBarrier, kNothing };
+constexpr int kLaunches = 2;
+
+// Launches run one after another on each rank's thread; after each, the rank checks its own landing
+// slots against that launch's inputs before it starts the next.
+void run_group(const std::vector<std::string>& names, uint64_t bytes, uint64_t chunk_bytes,
+               Between between = Between::kBarrier) {
   const NodeLayout l = make_node_layout(names);
   const int w = l.world_size();
   const HierAllGatherPlan plan = plan_hier_all_gather(l, bytes, chunk_bytes);
-  const uint64_t heap_bytes = kLanding + w * bytes;
+  const uint64_t heap_bytes = kLanding + (w + 1) * bytes;  // the pad, a landing slot per rank, staging
   std::vector<std::vector<char>> memory(w, std::vector<char>(heap_bytes, 0));
   std::vector<char*> heaps;
   for (auto& m : memory) heaps.push_back(m.data());
@@ -156,29 +185,33 @@ void run_group(const std::vector<std::string>& names, uint64_t bytes, uint64_t c
     };
     ranks[r].proxy = std::make_unique<CrossNodeProxy>(make_topology(r, names), o);
   }
-  Barrier barrier(w);
-  for (int launch = 0; launch < 2; ++launch) {
-    std::vector<std::vector<char>> inp(w, std::vector<char>(bytes));
+  std::vector<std::vector<std::vector<char>>> inp(kLaunches,  // [launch][s]
+                                                  std::vector<std::vector<char>>(w, std::vector<char>(bytes)));
+  for (int launch = 0; launch < kLaunches; ++launch) {
     for (int s = 0; s < w; ++s) {
-      for (uint64_t i = 0; i < bytes; ++i) inp[s][i] = pattern(launch, s, i);
-    }
-    std::vector<std::thread> threads;
-    std::vector<int> ok(w, 0);
-    for (int r = 0; r < w; ++r) {
-      threads.emplace_back([&, r] {
-        ok[r] = run_rank(l, plan, heaps, ranks[r], r, inp[r], heap_bytes);
-        barrier.wait();  // the op handshake's part: nobody starts the next launch before all are done
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (int r = 0; r < w; ++r) {
-      ASSERT_TRUE(ok[r]) << "rank " << r << " stopped in launch " << launch;
-      for (int s = 0; s < w; ++s) {
-        ASSERT_EQ(std::memcmp(heaps[r] + kLanding + s * bytes, inp[s].data(), bytes), 0)
-            << "rank " << r << " lacks rank " << s << "'s shard after launch " << launch;
-      }
+      for (uint64_t i = 0; i < bytes; ++i) inp[launch][s][i] = pattern(launch, s, i);
     }
   }
+  Barrier barrier(w);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < w; ++r) {
+    threads.emplace_back([&, r] {
+      bool running = true;  // after a failed launch, only the barriers: the others must not hang on them
+      for (int launch = 0; launch < kLaunches; ++launch) {
+        if (running && !run_rank(l, plan, heaps, ranks[r], r, inp[launch][r], heap_bytes)) {
+          ADD_FAILURE() << "rank " << r << " stopped in launch " << launch;
+          running = false;
+        }
+        for (int s = 0; running && s < w; ++s) {
+          EXPECT_EQ(std::memcmp(heaps[r] + kLanding + s * bytes, inp[launch][s].data(), bytes), 0)
+              << "rank " << r << " lacks rank " << s << "'s shard after launch " << launch;
+        }
+        // The op handshake's part: nobody starts the next launch before all are done.
+        if (between == Between::kBarrier) barrier.wait();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
   EXPECT_EQ(failures.load(), 0);
 }
 
@@ -189,6 +222,12 @@ TEST(HierAllGatherOnHostThreads, ThreeUnevenInterleavedNodes) {
 }
 
 TEST(HierAllGatherOnHostThreads, TwoNodesOfThreeWithOneChunk) { run_group({"x", "y", "x", "y", "x", "y"}, 4096, 0); }
+
+// No barrier between launches and no node peers: only the ready handshake keeps a sender that is a
+// launch ahead out of a landing slot its receiver is still checking.
+TEST(HierAllGatherOnHostThreads, BackToBackTwoNodes) { run_group({"a", "b"}, 1000, 64, Between::kNothing); }
+
+TEST(HierAllGatherOnHostThreads, BackToBackThreeNodes) { run_group({"a", "b", "c"}, 777, 32, Between::kNothing); }
 
 }  // namespace
 }  // namespace interlace
