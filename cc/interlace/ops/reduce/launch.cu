@@ -1,9 +1,12 @@
 #include "interlace/ops/reduce/launch.h"
 
+#include <algorithm>
 #include <atomic>
+#include <functional>
 
 #include "interlace/base/cuda.h"
 #include "interlace/ops/reduce/kernel.cuh"
+#include "interlace/ops/reduce/nodes_kernel.cuh"
 #include "interlace/runtime/op_call.h"
 
 namespace interlace {
@@ -69,18 +72,93 @@ const char* algorithm_name(ReduceAlgorithm a) {
   }
 }
 
+using NodesKernel = void (*)(NodesReduceParams);
+
+template <OpId kOp>
+NodesKernel nodes_kernel_for(const DLDataType& dtype) {
+  if (dtype.code == kDLBfloat) return nodes_reduce_kernel<__nv_bfloat16, kOp>;
+  if (dtype.bits == 16) return nodes_reduce_kernel<__half, kOp>;
+  return nodes_reduce_kernel<float, kOp>;
+}
+
+// A group of several nodes (nodes_kernel.cuh): `plan` has the shares; this picks the chunks, the
+// scratch and the grid, and launches. The caller's OpCall has checked the arguments.
+// checks(): the op's argument checks, returning its plan (the shares).
+template <OpId kOp>
+void reduce_across_nodes(Group& group, const TensorView& out, const TensorView& inp, cudaStream_t stream,
+                         ReduceTuning tuning, const char* op, const std::function<ReducePlan()>& checks) {
+  OpCall call(group, kOp, stream);
+  const Topology& topo = group.topology();
+  SymmetricHeap& heap = group.heap();
+  const int world = topo.world_size;
+  const NodesKernel kernel = nodes_kernel_for<kOp>(inp.dtype);
+  NodesReduceParams p{};
+  ReducePlan plan;
+  size_t scratch = 0;
+  int num_blocks = 1;
+  const uint64_t signature = call.agree([&] {
+    plan = checks();
+    IL_CHECK(tuning.num_blocks == 0 && tuning.chunk_bytes == 0, op,
+             " across nodes: num_blocks and chunk_bytes are chosen from the shares; leave them 0");
+    IL_CHECK(world <= kNodesReduceMaxRanks, op, " across nodes: ", world, " ranks, at most ", kNodesReduceMaxRanks,
+             " supported");
+    // Chunks of at least kHierDefaultChunk, and at most kNodesReduceMaxChunks of them per share.
+    const uint64_t fitting = (plan.share_bytes + kNodesReduceMaxChunks - 1) / kNodesReduceMaxChunks;
+    plan.chunk_bytes = std::max<uint64_t>(kHierDefaultChunk, (fitting + 15) / 16 * 16);
+    const uint64_t chunks = (plan.share_bytes + plan.chunk_bytes - 1) / plan.chunk_bytes;
+    // Partials in (world - 1) slots, the send buffer (a slot per owner), all_reduce's gather buffer.
+    const uint64_t slots = plan.share_bytes * (world - 1);
+    const uint64_t send = plan.share_bytes * world;
+    const uint64_t gather = kOp == OpId::kAllReduce ? plan.share_bytes * world : 0;
+    if (plan.share_bytes > 0) {
+      scratch = group.scratch(slots + send + gather,
+                              kOp == OpId::kAllReduce ? "all_reduce's staging across nodes (about 3 x the input)"
+                                                      : "reduce_scatter's staging across nodes (about 2 x the input)",
+                              call.capturing());
+    }
+    p.staging = scratch;
+    p.send = scratch + slots;
+    p.gather = scratch + slots + send;
+    p.chunks = static_cast<int32_t>(chunks);
+    int per_sm = 0;
+    IL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kNodesReduceThreads, 0));
+    const int items = std::max<int>({static_cast<int>((world - 1) * chunks), static_cast<int>(chunks), 1});
+    num_blocks = std::min({items, group.num_sms(), per_sm * group.num_sms()});
+    return detail::concat(op, "_across_nodes(bytes=", plan.bytes, ", dtype=", inp.dtype_name(), ", share_bytes=",
+                          plan.share_bytes, ", chunk_bytes=", plan.chunk_bytes, ", scratch=", scratch, ", num_blocks=",
+                          num_blocks, ")");
+  });
+  p.nvlink = call.nvlink();
+  p.proxy = group.proxy_transport();
+  p.wait = call.wait_context();
+  p.signature = signature;
+  p.plan = plan;
+  p.inp = static_cast<const char*>(inp.data);
+  p.out = static_cast<char*>(out.data);
+  p.staging_here = heap.local_base() + p.staging;
+  for (int r = 0; r < world; ++r) p.local_of[r] = -1;
+  for (int l = 0; l < topo.local_size(); ++l) p.local_of[topo.local_ranks[l]] = l;
+  call.launch([&](cudaStream_t s) { kernel<<<num_blocks, kNodesReduceThreads, 0, s>>>(p); });
+}
+
 }  // namespace
 
 void reduce_scatter(Group& group, const TensorView& out, const TensorView& inp, cudaStream_t stream,
                     ReduceTuning tuning) {
-  OpCall call(group, OpId::kReduceScatter, stream);
   const Topology& topo = group.topology();
+  if (topo.num_nodes > 1) {
+    return reduce_across_nodes<OpId::kReduceScatter>(group, out, inp, stream, tuning, "reduce_scatter", [&] {
+      check_reduce_scatter_args(out, inp, topo.world_size, group.device());
+      return plan_reduce_scatter(out.nbytes(), static_cast<int>(inp.itemsize()), topo.world_size, topo.rank,
+                                 kReduceMaxBlocks, {});
+    });
+  }
+  OpCall call(group, OpId::kReduceScatter, stream);
   ReducePlan plan;
   Kernel kernel = nullptr;
   size_t staging = 0;
   const uint64_t signature = call.agree([&] {
     check_reduce_scatter_args(out, inp, topo.world_size, group.device());
-    check_one_node(group, "reduce_scatter");
     int index = 0;
     kernel = kernel_for<OpId::kReduceScatter>(inp.dtype, &index);
     plan = plan_reduce_scatter(out.nbytes(), static_cast<int>(inp.itemsize()), topo.world_size, topo.rank,
@@ -98,8 +176,20 @@ void reduce_scatter(Group& group, const TensorView& out, const TensorView& inp, 
 }
 
 void all_reduce(Group& group, const TensorView& out, const TensorView& inp, cudaStream_t stream, ReduceTuning tuning) {
-  OpCall call(group, OpId::kAllReduce, stream);
   const Topology& topo = group.topology();
+  if (topo.num_nodes > 1) {
+    return reduce_across_nodes<OpId::kAllReduce>(group, out, inp, stream, tuning, "all_reduce", [&] {
+      check_all_reduce_args(out, inp, group.device());
+      IL_CHECK(tuning.algorithm == ReduceAlgorithm::kAuto || tuning.algorithm == ReduceAlgorithm::kTwoShot,
+               "all_reduce across nodes: it is two-shot (reduce_scatter, then the sums to every rank); leave "
+               "algorithm automatic");
+      ReduceTuning shares;
+      shares.algorithm = ReduceAlgorithm::kTwoShot;
+      return plan_all_reduce(inp.nbytes(), static_cast<int>(inp.itemsize()), topo.world_size, topo.rank,
+                             kReduceMaxBlocks, /*symmetric_out=*/false, shares);
+    });
+  }
+  OpCall call(group, OpId::kAllReduce, stream);
   SymmetricHeap& heap = group.heap();
   ReducePlan plan;
   Kernel kernel = nullptr;
@@ -107,7 +197,6 @@ void all_reduce(Group& group, const TensorView& out, const TensorView& inp, cuda
   size_t staging = 0;
   const uint64_t signature = call.agree([&] {
     check_all_reduce_args(out, inp, group.device());
-    check_one_node(group, "all_reduce");
     int index = 0;
     kernel = kernel_for<OpId::kAllReduce>(inp.dtype, &index);
     out_offset = out.nbytes() > 0 ? heap.offset_of(out.data, out.nbytes()) : -1;
