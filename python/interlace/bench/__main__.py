@@ -1,12 +1,13 @@
 """python -m interlace.bench {all_gather,all_gather_nodes,gemm,ag_gemm,gemm_rs,gemm_ar,reduce_scatter,all_reduce,
-    overhead,moe,attention,ring_attention}
+    reduce_nodes,overhead,moe,attention,ring_attention}
     [--world_size N] [--out_dir bench/results] ...
 
 Starts one process per local GPU, checks each op against its baselines, times everything in the
 same run, prints a table and writes JSON plus a PNG plot. overhead: the host's microseconds per eager
 call of every op from each framework (torch, the torch.library ops, CuPy, jax.jit, CUDA-graph
 replay) against torch.matmul, on tiny shapes (--iters: calls per timed batch); JSON and a table.
-all_gather_nodes: all_gather with every rank its own emulated node (the proxy and loopback backend)."""
+all_gather_nodes, reduce_nodes: all_gather, and reduce_scatter and all_reduce, with every rank its own emulated
+node (the proxy and the loopback backend)."""
 import sys
 
 from absl import app, flags
@@ -27,13 +28,21 @@ flags.DEFINE_list("tunings", [], "interlace settings to time besides the automat
 flags.DEFINE_integer("timeout_s", 900, "give up on the run after this long")
 
 # op -> (worker module, whether it runs one process per GPU or a single one)
-OPS = {"all_gather": ("interlace.bench.all_gather", True),
-       "all_gather_nodes": ("interlace.bench.all_gather_nodes", True), "gemm": ("interlace.bench.gemm", False),
-       "ag_gemm": ("interlace.bench.ag_gemm", True), "gemm_rs": ("interlace.bench.gemm_rs", True),
-       "gemm_ar": ("interlace.bench.gemm_ar", True), "reduce_scatter": ("interlace.bench.reduce_scatter", True),
-       "all_reduce": ("interlace.bench.all_reduce", True), "overhead": ("interlace.bench.overhead", True),
-       "moe": ("interlace.bench.moe", True), "attention": ("interlace.bench.attention", False),
-       "ring_attention": ("interlace.bench.ring_attention", True)}
+OPS = {
+    "all_gather": ("interlace.bench.all_gather", True),
+    "all_gather_nodes": ("interlace.bench.all_gather_nodes", True),
+    "gemm": ("interlace.bench.gemm", False),
+    "ag_gemm": ("interlace.bench.ag_gemm", True),
+    "gemm_rs": ("interlace.bench.gemm_rs", True),
+    "gemm_ar": ("interlace.bench.gemm_ar", True),
+    "reduce_scatter": ("interlace.bench.reduce_scatter", True),
+    "all_reduce": ("interlace.bench.all_reduce", True),
+    "reduce_nodes": ("interlace.bench.reduce_nodes", True),
+    "overhead": ("interlace.bench.overhead", True),
+    "moe": ("interlace.bench.moe", True),
+    "attention": ("interlace.bench.attention", False),
+    "ring_attention": ("interlace.bench.ring_attention", True),
+}
 
 
 def main(argv):
