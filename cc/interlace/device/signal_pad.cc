@@ -33,6 +33,7 @@ const char* flag_name(FlagId flag) {
     case FlagId::kLanded: return "landed (a piece of a K/V block from the previous rank has landed)";
     case FlagId::kReady: return "ready (a rank on another node has started this all_gather)";
     case FlagId::kNetChunk: return "network chunk (a chunk of a shard from another node has landed)";
+    case FlagId::kDrained: return "drained (a rank on another node holds this rank's data)";
     default: return "unknown flag";
   }
 }

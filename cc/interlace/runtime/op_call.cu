@@ -96,7 +96,11 @@ uint64_t OpCall::agree(const std::function<std::string()>& checks) {
     cancel_on_device();
     throw Error(failure);
   }
-  const bool seen_before = group_.agreed_.touch(signature);
+  // A known signature skips the wait: the kernels' handshake compares signatures and skips a call
+  // some rank cancelled. That handshake spans one node, so a group of several nodes waits for every
+  // call's vote: a call that differs, or was cancelled, on another node then raises here on every
+  // rank, before any launch.
+  const bool seen_before = group_.agreed_.touch(signature) && group_.topology().num_nodes == 1;
   const Verdict verdict = watchdog.vote(call_, signature, /*failed=*/false, /*wait=*/!seen_before);
   switch (verdict.kind) {
     case Verdict::kAgreed:

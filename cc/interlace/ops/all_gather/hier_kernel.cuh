@@ -13,9 +13,12 @@
 //      peer (landed[s] += 1 there);
 //   4. every other rank's shard s: once landed[s] = base + chunks, copied chunk by chunk out of
 //      scratch when out is not the landing area.
+// The last CTA out raises drained[me] on every rank whose shard came here over the network, and waits
+// for drained from this rank's own network receivers: the kernel ends only once the network has read
+// its staging, which a later op (of any kind, from any rank of the node) may then reuse. It also
+// moves the local counters on, so a graph replays correctly.
 // A wait depends only on remote ranks, on peers' earlier phases, or on this rank's earlier phases in
-// other CTAs, all resident (the launch never exceeds what fits): no cycle. The last CTA out moves the
-// local counters on, so a graph replays correctly.
+// other CTAs, all resident (the launch never exceeds what fits): no cycle.
 #pragma once
 
 #include <cstdint>
@@ -101,23 +104,26 @@ __global__ void __launch_bounds__(kHierAllGatherThreads, 1)
   if (!device::op_enter(t, p.wait, p.signature)) return;
   HierAllGatherFlags& flags = flags_of(t);
   __shared__ uint64_t base, launch;
-  __shared__ int failed;
+  __shared__ int last;
   if (threadIdx.x == 0) {
     base = flags.base;
     launch = flags.launches + 1;
-    failed = 0;
   }
   __syncthreads();
   const int me = p.rank;
   const uint64_t bytes = p.bytes_per_rank;
   char* heap = t.heaps[t.local_rank];
   const int ctas = gridDim.x;
+  // A failed wait or post has recorded why and aborted the group; __syncthreads_or(bad) gets every
+  // thread of the CTA out together.
+  bool bad = false;
 
   if (blockIdx.x == 0 && threadIdx.x < p.num_relayed) {
     device::ProxyTransport proxy = p.proxy;  // a posting thread's own copy
     const int s = p.relayed[threadIdx.x];
-    if (!posted(proxy.signal(s, &flags.ready[me], 1), p, FlagId::kReady, s)) failed = 1;
+    bad = !posted(proxy.signal(s, &flags.ready[me], 1), p, FlagId::kReady, s);
   }
+  if (__syncthreads_or(bad)) return;
 
   // 1. This rank's shard into out and over NVLink.
   for (int c = blockIdx.x; c < p.chunks; c += ctas) {
@@ -135,28 +141,25 @@ __global__ void __launch_bounds__(kHierAllGatherThreads, 1)
   if (p.num_network > 0 && static_cast<int>(blockIdx.x) < p.chunks) {
     if (threadIdx.x < p.num_network) {
       const int q = p.network_peer[threadIdx.x];
-      if (t.wait(&flags.ready[q], launch, p.wait, FlagId::kReady, kFaultPeerGlobal + q) == 0) failed = 1;
+      bad = t.wait(&flags.ready[q], launch, p.wait, FlagId::kReady, kFaultPeerGlobal + q) == 0;
     }
-    __syncthreads();
-    if (failed) return;
+    if (__syncthreads_or(bad)) return;
     for (int c = blockIdx.x; c < p.chunks; c += ctas) {
       uint64_t lo, n;
       chunk_range(p, c, &lo, &n);
       device::block_copy(heap + p.staging + lo, p.inp + lo, n);
-      __syncthreads();  // also: every thread sees a failed post of the last chunk
-      if (failed) return;
+      __syncthreads();
       if (threadIdx.x < p.num_network) {
         device::ProxyTransport proxy = p.proxy;
         const int q = p.network_peer[threadIdx.x];
         __threadfence_system();  // the CTA's staging stores before the request that reads them
         const device::ProxySend sent = proxy.put_signal(q, p.landing + me * bytes + lo, heap + p.staging + lo, n,
                                                         &flags.arrived[p.network_slot[threadIdx.x]][c], 1);
-        if (!posted(sent, p, FlagId::kNetChunk, q)) failed = 1;
+        bad = !posted(sent, p, FlagId::kNetChunk, q);
       }
+      if (__syncthreads_or(bad)) return;  // also: the staging is not rewritten before it is posted
     }
   }
-  __syncthreads();
-  if (failed) return;
 
   // 3. Relays: each chunk that arrived from the network, to the rest of this node.
   const int relay_items = p.num_relayed * p.chunks;
@@ -166,15 +169,13 @@ __global__ void __launch_bounds__(kHierAllGatherThreads, 1)
     if (threadIdx.x == 0) {
       const uint64_t seen = t.wait(&flags.arrived[j][c], flags.consumed[j][c] + 1, p.wait, FlagId::kNetChunk,
                                    kFaultPeerGlobal + s);
-      if (seen == 0) {
-        failed = 1;
-      } else {
+      bad = seen == 0;
+      if (!bad) {
         flags.consumed[j][c] = seen;
         device::add_release_sys(&flags.landed[s], 1);
       }
     }
-    __syncthreads();
-    if (failed) return;
+    if (__syncthreads_or(bad)) return;
     uint64_t lo, n;
     chunk_range(p, c, &lo, &n);
     for (int k = 1; k < t.local_size; ++k) {
@@ -188,12 +189,10 @@ __global__ void __launch_bounds__(kHierAllGatherThreads, 1)
   const int per_shard = p.copy_out ? p.chunks : 1;
   for (int i = blockIdx.x; i < (p.world - 1) * per_shard; i += ctas) {
     const int s = (me + 1 + i / per_shard) % p.world, c = i % per_shard;
-    if (threadIdx.x == 0 &&
-        t.wait(&flags.landed[s], base + p.chunks, p.wait, FlagId::kChunk, kFaultPeerGlobal + s) == 0) {
-      failed = 1;
+    if (threadIdx.x == 0) {
+      bad = t.wait(&flags.landed[s], base + p.chunks, p.wait, FlagId::kChunk, kFaultPeerGlobal + s) == 0;
     }
-    __syncthreads();
-    if (failed) return;
+    if (__syncthreads_or(bad)) return;
     if (p.copy_out) {
       uint64_t lo, n;
       chunk_range(p, c, &lo, &n);
@@ -201,10 +200,28 @@ __global__ void __launch_bounds__(kHierAllGatherThreads, 1)
     }
   }
 
+  // The last CTA out: every shard is here, so tell the ranks whose shards came over the network that
+  // their reads of this launch are done, and wait to hear the same from this rank's network receivers
+  // (its staging is then free for any later op, which the node's handshake alone does not ensure).
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    if (atomicAdd(&flags.finished, 1u) == gridDim.x - 1) {
+    last = atomicAdd(&flags.finished, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (last) {
+    if (threadIdx.x < p.num_relayed) {
+      device::ProxyTransport proxy = p.proxy;
+      const int s = p.relayed[threadIdx.x];
+      bad = !posted(proxy.signal(s, &flags.drained[me], 1), p, FlagId::kDrained, s);
+    }
+    if (__syncthreads_or(bad)) return;
+    if (threadIdx.x < p.num_network) {
+      const int q = p.network_peer[threadIdx.x];
+      bad = t.wait(&flags.drained[q], launch, p.wait, FlagId::kDrained, kFaultPeerGlobal + q) == 0;
+    }
+    if (__syncthreads_or(bad)) return;
+    if (threadIdx.x == 0) {
       flags.finished = 0;
       flags.base = base + p.chunks;
       flags.launches = launch;

@@ -116,6 +116,8 @@ struct HierAllGatherFlags {
   // has started the same launch: q's stream is then past every earlier use of it (its out
   // included), and q has received the sender's previous shard, so the sender's staging is free too.
   uint64_t ready[kHierMaxRanks];
+  // [q]: launches whose shards network receiver q holds: its proxy has read this rank's staging.
+  uint64_t drained[kHierMaxRanks];
   uint64_t base;                                      // local: chunks per shard over all launches so far
   uint64_t launches;                                  // local: launches so far
   uint32_t finished;                                  // local: CTAs of the running launch that are done

@@ -57,12 +57,14 @@ void all_gather_across_nodes(Group& group, const TensorView& out, const TensorVi
       scratch = group.scratch(landing_bytes + bytes, "all_gather's staging and landing buffers across nodes",
                               call.capturing());
     }
+    // CTAs are never paired across ranks, so grids may differ (uneven nodes relay unequal shares):
+    // num_blocks stays out of the signature.
     const int items = std::max({plan.chunks, static_cast<int>(work.relayed.size()) * plan.chunks,
                                 (topo.world_size - 1) * (out_offset >= 0 ? 1 : plan.chunks), 1});
     num_blocks = std::min({items, group.num_sms(), resident_blocks<hier_all_gather_kernel, kHierAllGatherThreads>(group)});
     return detail::concat("all_gather_across_nodes(bytes_per_rank=", bytes, ", dtype=", inp.dtype_name(),
                           ", out=", out_offset < 0 ? "ordinary" : "symmetric", ", out_offset=", out_offset,
-                          ", scratch=", scratch, ", chunk_bytes=", plan.chunk_bytes, ", num_blocks=", num_blocks, ")");
+                          ", scratch=", scratch, ", chunk_bytes=", plan.chunk_bytes, ")");
   });
 
   HierAllGatherParams p{};

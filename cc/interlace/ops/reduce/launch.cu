@@ -122,11 +122,11 @@ void reduce_across_nodes(Group& group, const TensorView& out, const TensorView& 
     p.chunks = static_cast<int32_t>(chunks);
     int per_sm = 0;
     IL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kNodesReduceThreads, 0));
+    // CTAs are never paired across ranks, so num_blocks stays out of the signature.
     const int items = std::max<int>({static_cast<int>((world - 1) * chunks), static_cast<int>(chunks), 1});
     num_blocks = std::min({items, group.num_sms(), per_sm * group.num_sms()});
     return detail::concat(op, "_across_nodes(bytes=", plan.bytes, ", dtype=", inp.dtype_name(), ", share_bytes=",
-                          plan.share_bytes, ", chunk_bytes=", plan.chunk_bytes, ", scratch=", scratch, ", num_blocks=",
-                          num_blocks, ")");
+                          plan.share_bytes, ", chunk_bytes=", plan.chunk_bytes, ", scratch=", scratch, ")");
   });
   p.nvlink = call.nvlink();
   p.proxy = group.proxy_transport();

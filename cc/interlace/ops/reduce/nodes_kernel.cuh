@@ -17,8 +17,11 @@
 // Counts only grow; uses[c] (local) counts the launches that had a chunk c, so this launch waits for
 // uses[c] + 1. A sender writes into a peer's buffers only once that peer has started the launch (the
 // op handshake on this node, ready across nodes), so a peer never sees a count from a launch ahead.
+// The last CTA out raises drained[me] on every rank of another node and waits for theirs: the kernel
+// ends only once the network has read this rank's send and gather buffers, which a later op may then
+// reuse. It also moves the local counters on.
 // Waits depend on remote ranks, on peers' earlier phases, or on this rank's earlier phases in other
-// CTAs, all resident: no cycle. The last CTA out moves the local counters on.
+// CTAs, all resident: no cycle.
 #pragma once
 
 #include <cstdint>
@@ -33,7 +36,7 @@
 namespace interlace {
 
 constexpr int kNodesReduceThreads = 512;
-constexpr int kNodesReduceMaxRanks = 256;  // one waiting thread per sender, and the flags' bounds
+constexpr int kNodesReduceMaxRanks = kMaxLocalRanks;  // the plan's bound (and one waiting thread per sender)
 constexpr int kNodesReduceMaxChunks = kHierMaxChunks;
 
 // In the op's region of the signal pad, after ReduceFlags.
@@ -41,7 +44,8 @@ constexpr uint64_t kNodesReduceFlagsInRegion = 640 << 10;
 struct NodesReduceFlags {
   uint64_t landed[kNodesReduceMaxRanks][kNodesReduceMaxChunks];    // [s][c]: sender s's partials of chunk c
   uint64_t gathered[kNodesReduceMaxRanks][kNodesReduceMaxChunks];  // [s][c]: all_reduce: owner s's sums of chunk c
-  uint64_t ready[kNodesReduceMaxRanks];  // [q]: launches rank q (of another node) has started
+  uint64_t ready[kNodesReduceMaxRanks];    // [q]: launches rank q (of another node) has started
+  uint64_t drained[kNodesReduceMaxRanks];  // [q]: launches whose data from here rank q (another node) holds
   uint64_t uses[kNodesReduceMaxChunks];  // local: launches that had a chunk c
   uint64_t launches;                     // local
   uint32_t finished;                     // local: CTAs of the running launch that are done
@@ -92,10 +96,11 @@ __device__ __forceinline__ bool posted(device::ProxySend sent, const NodesReduce
 // All threads: bytes at src (n of them, 16-byte aligned) to rank q's heap at `offset`, then
 // flag += 1 there: over NVLink for a rank of this node, else through the proxy, from `stage` (this
 // rank's heap) when src is not in the heap already (null: src is). For another node's rank, waits
-// first until q has started this launch. False if a wait or a post failed.
+// first until q has started this launch. False (for every thread) if a wait or a post failed: it
+// has recorded why and aborted the group.
 __device__ __forceinline__ bool send(const NodesReduceParams& p, uint64_t* ready, uint64_t launch, int32_t q,
                                      uint64_t offset, const char* src, char* stage, uint64_t n, uint64_t* flag,
-                                     FlagId id, int* failed) {
+                                     FlagId id) {
   const device::NvlinkTransport& t = p.nvlink;
   const int32_t local = p.local_of[q];
   if (local >= 0) {
@@ -107,9 +112,8 @@ __device__ __forceinline__ bool send(const NodesReduceParams& p, uint64_t* ready
     }
     return true;
   }
-  if (threadIdx.x == 0 && t.wait(ready, launch, p.wait, FlagId::kReady, kFaultPeerGlobal + q) == 0) *failed = 1;
-  __syncthreads();
-  if (*failed) return false;
+  bool bad = threadIdx.x == 0 && t.wait(ready, launch, p.wait, FlagId::kReady, kFaultPeerGlobal + q) == 0;
+  if (__syncthreads_or(bad)) return false;
   if (stage != nullptr) {
     reduce_detail::copy_aligned(stage, src, n);
     __syncthreads();
@@ -118,22 +122,18 @@ __device__ __forceinline__ bool send(const NodesReduceParams& p, uint64_t* ready
   if (threadIdx.x == 0) {
     device::ProxyTransport proxy = p.proxy;  // a posting thread's own copy
     __threadfence_system();                  // the CTA's stores before the request that reads them
-    if (!posted(proxy.put_signal(q, offset, src, n, flag, 1), p, id, q)) *failed = 1;
+    bad = !posted(proxy.put_signal(q, offset, src, n, flag, 1), p, id, q);
   }
-  __syncthreads();
-  return *failed == 0;
+  return !__syncthreads_or(bad);
 }
 
-// Threads s < world, s != me: wait until row[s][c] >= value. Then __syncthreads; false if one failed.
+// Threads s < world, s != me: wait until row[s][c] >= value. False (for every thread) if one failed.
 __device__ __forceinline__ bool wait_senders(const NodesReduceParams& p, uint64_t (*row)[kNodesReduceMaxChunks],
-                                             int c, uint64_t value, FlagId id, int* failed) {
+                                             int c, uint64_t value, FlagId id) {
   const int s = threadIdx.x;
-  if (s < p.plan.world && s != p.plan.rank &&
-      p.nvlink.wait(&row[s][c], value, p.wait, id, kFaultPeerGlobal + s) == 0) {
-    *failed = 1;
-  }
-  __syncthreads();
-  return *failed == 0;
+  const bool bad = s < p.plan.world && s != p.plan.rank &&
+                   p.nvlink.wait(&row[s][c], value, p.wait, id, kFaultPeerGlobal + s) == 0;
+  return !__syncthreads_or(bad);
 }
 
 }  // namespace nodes_reduce_detail
@@ -149,24 +149,23 @@ __global__ void __launch_bounds__(kNodesReduceThreads, 1)
   if (!device::op_enter(t, p.wait, p.signature)) return;
   NodesReduceFlags& flags = flags_of<kOp>(t);
   __shared__ uint64_t launch;
-  __shared__ int failed;
-  if (threadIdx.x == 0) {
-    launch = flags.launches + 1;
-    failed = 0;
-  }
+  __shared__ int last;
+  if (threadIdx.x == 0) launch = flags.launches + 1;
   __syncthreads();
   const ReducePlan& plan = p.plan;
   const int32_t me = plan.rank, world = plan.world;
   char* heap = t.heaps[t.local_rank];
   const int ctas = gridDim.x;
 
-  for (int32_t q = threadIdx.x; blockIdx.x == 0 && q < world; q += blockDim.x) {
-    if (p.local_of[q] >= 0) continue;
+  // Every rank of another node sends here (a partial of this rank's share, and all_reduce's sums);
+  // tell each that this launch has started. Thread q speaks for rank q.
+  const bool remote = threadIdx.x < world && p.local_of[threadIdx.x] < 0;
+  bool bad = false;
+  if (blockIdx.x == 0 && remote) {
     device::ProxyTransport proxy = p.proxy;
-    if (!posted(proxy.signal(q, &flags.ready[me], 1), p, FlagId::kReady, q)) failed = 1;
+    bad = !posted(proxy.signal(threadIdx.x, &flags.ready[me], 1), p, FlagId::kReady, threadIdx.x);
   }
-  __syncthreads();
-  if (failed) return;
+  if (__syncthreads_or(bad)) return;
 
   // 1. Partials to their owners.
   for (int i = blockIdx.x; i < (world - 1) * p.chunks; i += ctas) {
@@ -176,14 +175,14 @@ __global__ void __launch_bounds__(kNodesReduceThreads, 1)
     chunk_of(p, q, c, &lo, &n);
     const uint64_t at = p.staging + ReducePlan::slot(me, q) * plan.share_bytes + lo;
     if (!send(p, &flags.ready[q], launch, q, at, p.inp + plan.share_begin(q) + lo,
-              heap + p.send + q * plan.share_bytes + lo, n, &flags.landed[me][c], FlagId::kPartial, &failed)) {
+              heap + p.send + q * plan.share_bytes + lo, n, &flags.landed[me][c], FlagId::kPartial)) {
       return;
     }
   }
 
   // 2. This rank's share: sum each chunk once every partial of it landed; all_reduce: push the sum.
   for (int c = blockIdx.x; c < p.chunks; c += ctas) {
-    if (!wait_senders(p, flags.landed, c, flags.uses[c] + 1, FlagId::kPartial, &failed)) return;
+    if (!wait_senders(p, flags.landed, c, flags.uses[c] + 1, FlagId::kPartial)) return;
     uint64_t lo, n;
     chunk_of(p, me, c, &lo, &n);
     const char* own = p.inp + plan.share_begin(me) + lo;
@@ -197,8 +196,7 @@ __global__ void __launch_bounds__(kNodesReduceThreads, 1)
     reduce_detail::copy_aligned(p.out + plan.share_begin(me) + lo, heap + at, n);
     for (int32_t k = 1; k < world; ++k) {
       const int32_t q = (me + k) % world;
-      if (!send(p, &flags.ready[q], launch, q, at, heap + at, nullptr, n, &flags.gathered[me][c], FlagId::kReduced,
-                &failed)) {
+      if (!send(p, &flags.ready[q], launch, q, at, heap + at, nullptr, n, &flags.gathered[me][c], FlagId::kReduced)) {
         return;
       }
     }
@@ -208,21 +206,34 @@ __global__ void __launch_bounds__(kNodesReduceThreads, 1)
   for (int i = blockIdx.x; kGather && i < (world - 1) * p.chunks; i += ctas) {
     const int32_t s = (me + 1 + i / p.chunks) % world;
     const int c = i % p.chunks;
-    if (threadIdx.x == 0 &&
-        t.wait(&flags.gathered[s][c], flags.uses[c] + 1, p.wait, FlagId::kReduced, kFaultPeerGlobal + s) == 0) {
-      failed = 1;
-    }
-    __syncthreads();
-    if (failed) return;
+    bad = threadIdx.x == 0 &&
+          t.wait(&flags.gathered[s][c], flags.uses[c] + 1, p.wait, FlagId::kReduced, kFaultPeerGlobal + s) == 0;
+    if (__syncthreads_or(bad)) return;
     uint64_t lo, n;
     chunk_of(p, s, c, &lo, &n);
     reduce_detail::copy_aligned(p.out + plan.share_begin(s) + lo, heap + p.gather + s * plan.share_bytes + lo, n);
   }
 
+  // The last CTA out: everything every rank of another node sends here has landed, so tell each that
+  // its network reads of this launch are done, and wait to hear the same from each of them (this
+  // rank's send and gather buffers are then free for any later op).
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    if (atomicAdd(&flags.finished, 1u) == gridDim.x - 1) {
+    last = atomicAdd(&flags.finished, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (last) {
+    if (remote) {
+      device::ProxyTransport proxy = p.proxy;
+      bad = !posted(proxy.signal(threadIdx.x, &flags.drained[me], 1), p, FlagId::kDrained, threadIdx.x);
+    }
+    if (__syncthreads_or(bad)) return;
+    if (remote) {
+      bad = t.wait(&flags.drained[threadIdx.x], launch, p.wait, FlagId::kDrained, kFaultPeerGlobal + threadIdx.x) == 0;
+    }
+    if (__syncthreads_or(bad)) return;
+    if (threadIdx.x == 0) {
       flags.finished = 0;
       for (int c = 0; c < p.chunks; ++c) flags.uses[c] += 1;
       flags.launches = launch;
