@@ -195,8 +195,20 @@ def scenario_validation():
     print(f"rank {RANK}: bad arguments rejected before GPU work; the group still works")
 
 
+def expect_dead_peer_reported(group, call):
+    """The last rank dies before calling; `call` (an op call on group) raises on every other rank
+    within seconds, naming it. For the reductions' worker too."""
+    group.barrier()
+    if RANK == WORLD - 1:
+        os._exit(0)
+    start = time.monotonic()
+    text = expect_error(lambda: [call(), torch.cuda.synchronize(), group.check()], f"rank {WORLD - 1}")
+    seconds = time.monotonic() - start
+    assert seconds < 20, f"rank {RANK}: the dead peer was reported after {seconds:.1f} s"
+    print(f"rank {RANK}: dead peer reported after {seconds:.1f} s: {text}")
+
+
 def scenario_dead_peer():
-    """The last rank dies before calling; every other rank's call raises within seconds, naming it."""
     group = init(heap_bytes=64 << 20)
     n = 16 << 20
     inp = shard(RANK, n, torch.uint8, 1)
@@ -204,15 +216,7 @@ def scenario_dead_peer():
     interlace.all_gather(out, inp, group)
     torch.cuda.synchronize()
     group.check()
-    group.barrier()
-    if RANK == WORLD - 1:
-        os._exit(0)
-    start = time.monotonic()
-    text = expect_error(lambda: [interlace.all_gather(out, inp, group), torch.cuda.synchronize(), group.check()],
-                        f"rank {WORLD - 1}")
-    seconds = time.monotonic() - start
-    assert seconds < 20, f"rank {RANK}: the dead peer was reported after {seconds:.1f} s"
-    print(f"rank {RANK}: dead peer reported after {seconds:.1f} s: {text}")
+    expect_dead_peer_reported(group, lambda: interlace.all_gather(out, inp, group))
 
 
 SCENARIOS = {

@@ -140,4 +140,17 @@ struct ProxyTransport {
   }
 };
 
+#if defined(__CUDACC__)
+// One thread, after a post to global rank `peer` raising `flag` there: true if it was posted, else
+// false after recording why in the fault record (a refused post aborts the group; a stopped one
+// found it aborted already).
+__device__ inline bool proxy_posted(ProxySend sent, const WaitContext& ctx, uint64_t timeout_ns, FlagId flag,
+                                    int peer) {
+  if (sent == ProxySend::kPosted) return true;
+  const FaultCode code = sent == ProxySend::kStopped ? FaultCode::kAborted : FaultCode::kProxyPost;
+  record_fault(ctx, code, flag, kFaultPeerGlobal + peer, 0, static_cast<uint64_t>(sent), timeout_ns);
+  return false;
+}
+#endif
+
 }  // namespace interlace::device

@@ -90,20 +90,7 @@ def report(rows, world):
     name = f"all_gather_{world}x{env['gpu'].replace(' ', '_')}"
 
     def plot(path):
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for label in labels:
-            ax.plot([r["bytes_per_rank"] for r in rows], [r[label]["busbw_gbs"] for r in rows], marker="o", label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("bytes per rank")
-        ax.set_ylabel("bus bandwidth (GB/s)")
-        ax.set_title(f"all_gather, {world} x {env['gpu']}, {env['date'][:10]}")
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
+        common.plot_busbw(path, rows, labels, f"all_gather, {world} x {env['gpu']}, {env['date'][:10]}")
 
     path = common.write_results(FLAGS.out_dir, name, {"op": "all_gather", "env": env, "rows": rows}, plot)
     print(f"wrote {path}")

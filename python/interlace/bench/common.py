@@ -127,6 +127,27 @@ def write_results(out_dir: str, name: str, payload: dict, plot) -> str:
     return path
 
 
+def plot_busbw(path, rows, labels, title, line_gbs=None, line_label=""):
+    """Bus bandwidth against bytes per rank, one line per label (rows[i][label]["busbw_gbs"]); a
+    dotted horizontal line at line_gbs if given (a throttle, say)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label in labels:
+        ax.plot([r["bytes_per_rank"] for r in rows], [r[label]["busbw_gbs"] for r in rows], marker="o", label=label)
+    if line_gbs is not None:
+        ax.axhline(line_gbs, color="gray", linestyle=":", label=line_label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("bytes per rank")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def relative_error(out, ref) -> float:
     """||out - ref|| / ||ref|| in fp32."""
     return ((out.float() - ref.float()).norm() / ref.float().norm()).item()

@@ -71,16 +71,9 @@ __device__ __forceinline__ void chunk_range(const HierAllGatherParams& p, int c,
   *n = min(*lo + p.chunk_bytes, p.bytes_per_rank) - *lo;
 }
 
-// One thread: false (after recording why, unless the group was already aborted) if not posted.
+// One thread: device::proxy_posted for this kernel's posts.
 __device__ __forceinline__ bool posted(device::ProxySend sent, const HierAllGatherParams& p, FlagId flag, int peer) {
-  if (sent == device::ProxySend::kPosted) return true;
-  if (sent == device::ProxySend::kStopped) {
-    device::record_fault(p.wait, FaultCode::kAborted, flag, kFaultPeerGlobal + peer, 0, 0, 0);
-  } else {
-    device::record_fault(p.wait, FaultCode::kProxyPost, flag, kFaultPeerGlobal + peer, 0,
-                         static_cast<uint64_t>(sent), p.proxy.timeout_ns);
-  }
-  return false;
+  return device::proxy_posted(sent, p.wait, p.proxy.timeout_ns, flag, peer);
 }
 
 // All threads: after __syncthreads (the CTA's stores are ordered before), thread q raises

@@ -85,12 +85,9 @@ __device__ __forceinline__ void chunk_of(const NodesReduceParams& p, int32_t q, 
   *n = *lo < size ? min(p.plan.chunk_bytes, size - *lo) : 0;
 }
 
-// One thread: false, after recording why (unless the group was already aborted), if not posted.
+// One thread: device::proxy_posted for this kernel's posts.
 __device__ __forceinline__ bool posted(device::ProxySend sent, const NodesReduceParams& p, FlagId flag, int peer) {
-  if (sent == device::ProxySend::kPosted) return true;
-  const FaultCode code = sent == device::ProxySend::kStopped ? FaultCode::kAborted : FaultCode::kProxyPost;
-  device::record_fault(p.wait, code, flag, kFaultPeerGlobal + peer, 0, static_cast<uint64_t>(sent), p.proxy.timeout_ns);
-  return false;
+  return device::proxy_posted(sent, p.wait, p.proxy.timeout_ns, flag, peer);
 }
 
 // All threads: bytes at src (n of them, 16-byte aligned) to rank q's heap at `offset`, then
