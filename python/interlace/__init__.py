@@ -321,7 +321,8 @@ def _along(x, dim, start, rows):
     return x[(slice(None),) * dim + (slice(start, start + rows),)]
 
 
-def ring_attention(q, k, v, out, group, *, causal=False, softmax_scale=None, lse=None, seq_len=None, stream=None):
+def ring_attention(q, k, v, out, group, *, causal=False, softmax_scale=None, lse=None, seq_len=None, stream=None,
+                   sender_ctas=0):
     """Attention over the whole sequence, sharded across the group's ranks, in one launch: every
     rank's K/V block travels around the ring over NVLink while the attention engine computes on the
     blocks that have landed. q and out are this rank's shard, [B, S_local, Hq, D]; k and v [B,
@@ -332,7 +333,7 @@ def ring_attention(q, k, v, out, group, *, causal=False, softmax_scale=None, lse
     S, needed only where 2 x world_size does not divide it (default world_size x S_local). bf16 or
     fp16, D 64 or 128, Hq a multiple of Hkv (GQA). The blocks land in (world_size - 1) K/V blocks of
     the group's heap scratch. Stream-ordered, graph-capturable; raises interlace.Error before any GPU
-    work on bad arguments."""
+    work on bad arguments. sender_ctas tunes how many CTAs forward the blocks (0: automatic, 16)."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: interlace.ring_attention writes into out")
     _check_scale("ring_attention", softmax_scale)
@@ -342,7 +343,7 @@ def ring_attention(q, k, v, out, group, *, causal=False, softmax_scale=None, lse
     _C.ring_attention(_frameworks.as_dlpack(q), _frameworks.as_dlpack(k), _frameworks.as_dlpack(v),
                       _frameworks.as_dlpack(out), native, lse=None if lse is None else _frameworks.as_dlpack(lse),
                       causal=causal, softmax_scale=0.0 if softmax_scale is None else float(softmax_scale),
-                      seq_len=seq_len or 0, stream=stream)
+                      seq_len=seq_len or 0, stream=stream, sender_ctas=sender_ctas)
 
 
 def ring_attention_shard(x, rank, world_size, *, dim=1):

@@ -372,16 +372,18 @@ NB_MODULE(_interlace, m) {
 
   m.def("ring_attention",
         [](nb::ndarray<nb::ro> q, nb::ndarray<nb::ro> k, nb::ndarray<nb::ro> v, nb::ndarray<> out, Group& group,
-           std::optional<nb::ndarray<>> lse, bool causal, double softmax_scale, int64_t seq_len, uintptr_t stream) {
+           std::optional<nb::ndarray<>> lse, bool causal, double softmax_scale, int64_t seq_len, uintptr_t stream,
+           int sender_ctas) {
           TensorView vq = view_of(q), vk = view_of(k), vv = view_of(v), vo = view_of(out);
           std::optional<TensorView> vl;
           if (lse) vl = view_of(*lse);
           nb::gil_scoped_release release;
           ring_attention(group, vq, vk, vv, vo, vl ? &*vl : nullptr, causal, softmax_scale, seq_len,
-                         reinterpret_cast<cudaStream_t>(stream));
+                         reinterpret_cast<cudaStream_t>(stream), sender_ctas);
         },
         "q"_a.noconvert(), "k"_a.noconvert(), "v"_a.noconvert(), "out"_a.noconvert(), "group"_a, nb::kw_only(),
-        "lse"_a.noconvert() = nb::none(), "causal"_a = false, "softmax_scale"_a = 0.0, "seq_len"_a = 0, "stream"_a);
+        "lse"_a.noconvert() = nb::none(), "causal"_a = false, "softmax_scale"_a = 0.0, "seq_len"_a = 0, "stream"_a,
+        "sender_ctas"_a = 0);
 
   // MoE: a handle per shape (its workspace in the heap), then dispatch / combine with it. capacity_kind:
   // a MoeCapacityKind (0 per expert, 1 per rank); Python passes names.

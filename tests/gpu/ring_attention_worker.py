@@ -117,6 +117,27 @@ def scenario_shapes():
     print(f"rank {RANK}: {len(CASES)} cases correct, twice each; worst relative error {worst:.2e}")
 
 
+def scenario_senders():
+    """Other sender CTA counts (a tuning) give the same result as the automatic one: one sender
+    forwarding every piece, a count that does not divide the pieces, and more senders than pieces."""
+    group = interlace.init(heap_bytes=HEAP, timeout_s=TIMEOUT_S)
+    for i, (s, b, hq, hkv, d, causal) in enumerate([(4096, 1, 8, 2, 128, True), (3000, 2, 4, 4, 64, False)]):
+        c = Case(s, b, hq, hkv, d, causal, torch.bfloat16, seed=100 + i)
+        c.call(group)
+        torch.cuda.synchronize()
+        group.check()
+        automatic = c.out.clone(), c.lse.clone()
+        for senders in (1, 3, 128):
+            c.poison()
+            c.call(group, sender_ctas=senders)
+            torch.cuda.synchronize()
+            group.check()
+            if not (torch.equal(c.out, automatic[0]) and torch.equal(c.lse, automatic[1])):
+                raise AssertionError(f"rank {RANK}: {c.describe()}: {senders} senders differ from the automatic count")
+        c.verify(c.describe())
+    print(f"rank {RANK}: 1, 3 and 128 sender CTAs give the automatic count's bits")
+
+
 def scenario_stale_scratch():
     """The receive slots live in the group's scratch, which other ops fill too: shards that differ in
     length leave slot rows no block fills, and a key tile's box can run over them. Fill the scratch
@@ -200,6 +221,7 @@ def scenario_validation():
     expect_error(lambda: interlace.ring_attention(q.half(), k, v, out, group), "dtype")
     expect_error(lambda: interlace.ring_attention(q, k, v, out, group, lse=torch.empty(1, 4, 3, device="cuda")), "lse")
     expect_error(lambda: interlace.ring_attention(q, k, v, q, group), "overlap")
+    expect_error(lambda: interlace.ring_attention(q, k, v, out, group, sender_ctas=-1), "sender_ctas")
     # Arguments that differ across ranks: every rank raises, none hangs.
     expect_error(lambda: interlace.ring_attention(q, k, v, out, group, causal=RANK == 0), "")
     torch.cuda.synchronize()

@@ -30,6 +30,10 @@ def test_shapes_against_fp32_attention_over_the_whole_sequence():
     run("shapes", timeout_s=300)
 
 
+def test_sender_cta_counts_give_the_same_bits():
+    run("senders")
+
+
 def test_slot_rows_no_block_fills_are_never_read():
     run("stale_scratch")
 

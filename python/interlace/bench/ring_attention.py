@@ -39,7 +39,7 @@ flags.DEFINE_string("out_dir", "bench/results", "where the JSON and the plot go"
 flags.DEFINE_list("sizes", [], "global sequence lengths (default 16384, 32768)")
 flags.DEFINE_integer("warmup", 3, "untimed calls per method first")
 flags.DEFINE_integer("iters", 10, "timed calls per method (each takes milliseconds)")
-flags.DEFINE_list("tunings", [], "unused (no ring_attention tunings yet)")
+flags.DEFINE_list("tunings", [], "sender CTA counts to time besides the automatic one, as interlace[<n> senders]")
 flags.DEFINE_string("command", "", "the command line, recorded in the JSON")
 
 SEQS = [16384, 32768]
@@ -139,22 +139,26 @@ def measure(group, s, hq, hkv, causal, rank, world):
     lse = torch.empty(BATCH, hq, q.shape[1], device="cuda", dtype=torch.float32)
     problem = []
 
-    def call_interlace():
-        interlace.ring_attention(q, k, v, out, group, causal=causal, softmax_scale=scale, lse=lse, seq_len=s)
+    def make_interlace(label, senders):
+        def call_interlace():
+            interlace.ring_attention(q, k, v, out, group, causal=causal, softmax_scale=scale, lse=lse, seq_len=s,
+                                     sender_ctas=senders)
 
-    def make_interlace():
         out.fill_(float("nan"))
         lse.fill_(float("nan"))
         call_interlace()
         torch.cuda.synchronize()
         group.check()
-        e = row["check"]["interlace"] = errors(out, lse, serial.get("result"))
+        e = row["check"][label] = errors(out, lse, serial.get("result"))
         if wrong(e):
-            problem.append(f"interlace.ring_attention wrong at S={s} Hq={hq} Hkv={hkv} causal={causal}: {e}, "
+            problem.append(f"{label} wrong at S={s} Hq={hq} Hkv={hkv} causal={causal}: {e}, "
                            f"{int(out.isnan().sum())} elements unwritten")
         return call_interlace
 
-    add("interlace", make_interlace)
+    add("interlace", lambda: make_interlace("interlace", 0))
+    for senders in sender_tunings():
+        label = f"interlace[{senders} senders]"
+        add(label, lambda label=label, senders=senders: make_interlace(label, senders))
     if not common.all_ranks(not problem):
         raise SystemExit(f"rank {rank}: {problem[0] if problem else 'another rank found a wrong result'}")
     serial.clear()
@@ -186,12 +190,18 @@ def measure(group, s, hq, hkv, causal, rank, world):
     return row
 
 
+def sender_tunings():
+    """The --tunings sender counts (the launcher always passes the automatic "0:0" first)."""
+    return [int(t) for t in FLAGS.tunings if t not in ("0", "0:0")]
+
+
 def fmt(value, spec):
     return format(value, spec) if value is not None else "-"
 
 
 def print_row(r):
-    ms = "  ".join(f"{label} {fmt(r[label].get('ms'), '.3f')}" for label in METHODS)
+    labels = list(METHODS) + [label for label in r if label.startswith("interlace[")]  # the tunings
+    ms = "  ".join(f"{label} {fmt(r[label].get('ms'), '.3f')}" for label in labels)
     print(f"S={r['s']} Hq={r['h']} Hkv={r['h_kv']} causal={r['causal']!s:5}: {ms} ms  speedup "
           f"{fmt(r['speedup_vs_baseline'], '.2f')}  vs compute {fmt(r['ratio_to_compute_only'], '.2f')}", flush=True)
 

@@ -13,9 +13,10 @@ namespace {
 
 using detail::concat;
 
-// CTAs that forward blocks: enough to keep NVLink busy (each pushes its pieces with 16-byte stores),
-// few enough that the SMs they hold while the blocks travel cost little compute.
+// CTAs that forward blocks, by default: enough to keep NVLink busy (each pushes its pieces with
+// 16-byte stores), few enough that the SMs they hold while the blocks travel cost little compute.
 constexpr int kSenders = 16;
+constexpr int kMaxSenders = 128;
 
 // The launch's shape: sender CTAs, then a CTA per (query tile, head, batch); at least one CTA, so that
 // an empty call still takes its place in the op sequence.
@@ -24,9 +25,9 @@ struct RingGrid {
   int64_t ctas = 1;
 };
 
-RingGrid ring_grid(const RingAttentionPlan& plan) {
+RingGrid ring_grid(const RingAttentionPlan& plan, int sender_ctas) {
   RingGrid g;
-  g.senders = plan.world > 1 ? std::min(kSenders, plan.pieces()) : 0;
+  g.senders = plan.world > 1 ? std::min(sender_ctas > 0 ? sender_ctas : kSenders, plan.pieces()) : 0;
   g.ctas = std::max<int64_t>(1, g.senders + plan.query_ctas());
   return g;
 }
@@ -82,7 +83,8 @@ void launch(OpCall& call, Group& group, const AttentionProblem& a, const RingAtt
 }  // namespace
 
 void ring_attention(Group& group, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                    const TensorView* lse, bool causal, double softmax_scale, int64_t seq_len, cudaStream_t stream) {
+                    const TensorView* lse, bool causal, double softmax_scale, int64_t seq_len, cudaStream_t stream,
+                    int sender_ctas) {
   OpCall call(group, OpId::kRingAttention, stream);
   const Topology& topo = group.topology();
   AttentionProblem a;
@@ -104,7 +106,9 @@ void ring_attention(Group& group, const TensorView& q, const TensorView& k, cons
     IL_CHECK(plan.local_rows(topo.rank) == a.seq_q, "ring_attention: rank ", topo.rank, "'s shard of a sequence of ",
              seq, " rows over ", topo.world_size, " ranks has ", plan.local_rows(topo.rank), " rows, but q has ",
              a.seq_q, seq_len > 0 ? "" : " (pass seq_len, the global length, where 2 x world_size does not divide it)");
-    grid = ring_grid(plan);
+    IL_CHECK(sender_ctas >= 0 && sender_ctas <= kMaxSenders, "ring_attention: sender_ctas ", sender_ctas,
+             " is out of range: 0 (automatic, ", kSenders, ") to ", kMaxSenders);
+    grid = ring_grid(plan, sender_ctas);
     IL_CHECK(grid.ctas < (int64_t{1} << 31), "ring_attention: ", grid.ctas, " CTAs are more than one launch takes");
     const int64_t elem = 2;
     const uint64_t bytes = static_cast<uint64_t>(std::max(topo.world_size - 1, 0)) * 2 * a.batch *
@@ -113,7 +117,7 @@ void ring_attention(Group& group, const TensorView& q, const TensorView& k, cons
                                           call.capturing());
     return concat("ring_attention(seq=", seq, ", batch=", a.batch, ", heads_q=", a.heads_q, ", heads_kv=", a.heads_kv,
                   ", head_dim=", a.head_dim, ", dtype=", q.dtype_name(), ", causal=", causal ? 1 : 0,
-                  ", scale=", a.softmax_scale, ", lse=", lse != nullptr ? 1 : 0, ", recv=", recv, ")");
+                  ", scale=", a.softmax_scale, ", lse=", lse != nullptr ? 1 : 0, ", recv=", recv, ", senders=", grid.senders, ")");
   });
   // An empty call still runs its kernel (the handshake alone): every call takes its place in the op
   // sequence on every rank.
