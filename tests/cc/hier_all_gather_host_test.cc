@@ -29,6 +29,7 @@
 #include "interlace/transport/memory_backend.h"
 #include "interlace/transport/proxy.h"
 #include "interlace/transport/proxy_backend.h"
+#include "thread_barrier.h"
 
 namespace interlace {
 namespace {
@@ -41,28 +42,6 @@ constexpr uint64_t kLanding = (sizeof(SignalPad) + 255) / 256 * 256;  // landing
 
 struct HostWait {
   uint64_t timeout_ns;
-};
-
-class Barrier {
- public:
-  explicit Barrier(int n) : n_(n) {}
-  void wait() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    const int round = round_;
-    if (++arrived_ == n_) {
-      arrived_ = 0;
-      ++round_;
-      cv_.notify_all();
-    } else {
-      cv_.wait(lock, [&] { return round_ != round; });
-    }
-  }
-
- private:
-  const int n_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  int arrived_ = 0, round_ = 0;
 };
 
 uint64_t* at(char* heap, uint64_t offset) { return reinterpret_cast<uint64_t*>(heap + offset); }

@@ -52,6 +52,7 @@
 #include "interlace/runtime/topology.h"
 #include "interlace/transport/cross_node_proxy.h"
 #include "interlace/transport/memory_backend.h"
+#include "thread_barrier.h"
 
 namespace interlace {
 namespace {
@@ -64,28 +65,6 @@ constexpr auto kWaitLimit = std::chrono::seconds(10);               // a wait th
 constexpr uint64_t kScratch = (sizeof(SignalPad) + 255) / 256 * 256;  // the ops' scratch, after the pad
 constexpr uint32_t kFifoSlots = 8;  // few: posts wait for credit now and then
 constexpr unsigned char kGarbage = 0xEE;
-
-class Barrier {
- public:
-  explicit Barrier(int n) : n_(n) {}
-  void wait() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    const int round = round_;
-    if (++arrived_ == n_) {
-      arrived_ = 0;
-      ++round_;
-      cv_.notify_all();
-    } else {
-      cv_.wait(lock, [&] { return round_ != round; });
-    }
-  }
-
- private:
-  const int n_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  int arrived_ = 0, round_ = 0;
-};
 
 // ---- What one launch is: reduce_across_nodes' choices. ----
 
