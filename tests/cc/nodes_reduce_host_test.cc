@@ -88,8 +88,8 @@ struct Launch {
   uint64_t in_bytes, out_bytes;
 };
 
-// reduce_across_nodes (launch.cu) for rank `rank`, with min_chunk in place of its kHierDefaultChunk
-// (1 MiB), so that small messages get several chunks.
+// reduce_across_nodes (launch.cu) for rank `rank`: the same plan and nodes_reduce_layout, with
+// min_chunk in place of its kHierDefaultChunk (1 MiB), so that small messages get several chunks.
 Launch plan_launch(const Step& step, int world, int rank, uint64_t min_chunk) {
   Launch p{};
   p.op = step.op;
@@ -102,19 +102,15 @@ Launch plan_launch(const Step& step, int world, int rank, uint64_t min_chunk) {
     shares.algorithm = ReduceAlgorithm::kTwoShot;
     p.plan = plan_all_reduce(bytes, sizeof(float), world, rank, kReduceMaxBlocks, /*symmetric_out=*/false, shares);
   }
-  ReducePlan& plan = p.plan;
-  const uint64_t fitting = (plan.share_bytes + kNodesReduceMaxChunks - 1) / kNodesReduceMaxChunks;
-  plan.chunk_bytes = std::max<uint64_t>(min_chunk, (fitting + 15) / 16 * 16);
-  p.chunks = static_cast<int>((plan.share_bytes + plan.chunk_bytes - 1) / plan.chunk_bytes);
-  const uint64_t slots = plan.share_bytes * (world - 1);
-  const uint64_t send = plan.share_bytes * world;
-  const uint64_t gather = step.op == OpId::kAllReduce ? plan.share_bytes * world : 0;
-  p.staging = kScratch;
-  p.send = kScratch + slots;
-  p.gather = kScratch + slots + send;
-  p.scratch_bytes = slots + send + gather;
-  p.in_bytes = plan.bytes;
-  p.out_bytes = step.op == OpId::kReduceScatter ? plan.share_bytes : plan.bytes;
+  const NodesReduceLayout layout = nodes_reduce_layout(p.plan, step.op == OpId::kAllReduce, min_chunk);
+  p.plan.chunk_bytes = layout.chunk_bytes;
+  p.chunks = layout.chunks;
+  p.staging = kScratch + layout.staging;
+  p.send = kScratch + layout.send;
+  p.gather = kScratch + layout.gather;
+  p.scratch_bytes = layout.scratch_bytes;
+  p.in_bytes = p.plan.bytes;
+  p.out_bytes = step.op == OpId::kReduceScatter ? p.plan.share_bytes : p.plan.bytes;
   return p;
 }
 

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "interlace/base/error.h"
 #include "interlace/device/signal_pad.h"
+#include "interlace/ops/all_gather/hierarchy.h"
 #include "interlace/ops/chunks.h"
 #include "interlace/ops/reduce/flags.h"
 #include "tests/cc/error_of.h"
@@ -429,6 +430,34 @@ TEST(ReduceProtocol, EveryAlgorithmSumsInRankOrderOverManyLaunches) {
             }
           }
         }
+      }
+    }
+  }
+}
+
+// Across nodes: chunks of at least the minimum, at most kHierMaxChunks, covering the share; the
+// scratch's three buffers back to back.
+TEST(ReducePlan, NodesLayoutChunksAndScratch) {
+  for (int world : {2, 3, 8, 72}) {
+    for (uint64_t bytes : {uint64_t{0}, uint64_t{16}, uint64_t{1000} * 16, uint64_t{64} << 20, uint64_t{3} << 30}) {
+      ReduceTuning two_shot;
+      two_shot.algorithm = ReduceAlgorithm::kTwoShot;
+      const ReducePlan plan = plan_all_reduce(bytes, 2, world, world - 1, kReduceMaxBlocks, false, two_shot);
+      for (uint64_t min_chunk : {uint64_t{64}, kHierDefaultChunk}) {
+        const NodesReduceLayout l = nodes_reduce_layout(plan, /*gather=*/true, min_chunk);
+        EXPECT_EQ(l.chunk_bytes % 16, 0u);
+        EXPECT_GE(l.chunk_bytes, min_chunk);
+        EXPECT_LE(l.chunks, kHierMaxChunks) << bytes << " bytes on " << world;
+        EXPECT_GE(static_cast<uint64_t>(l.chunks) * l.chunk_bytes, plan.share_bytes);
+        if (l.chunks > 0) {
+          EXPECT_LT(static_cast<uint64_t>(l.chunks - 1) * l.chunk_bytes, plan.share_bytes);  // no empty chunk
+        } else {
+          EXPECT_EQ(plan.share_bytes, 0u);
+        }
+        EXPECT_EQ(l.send, plan.share_bytes * (world - 1));
+        EXPECT_EQ(l.gather, l.send + plan.share_bytes * world);
+        EXPECT_EQ(l.scratch_bytes, l.gather + plan.share_bytes * world);
+        EXPECT_EQ(nodes_reduce_layout(plan, /*gather=*/false, min_chunk).scratch_bytes, l.gather);
       }
     }
   }

@@ -102,24 +102,19 @@ void reduce_across_nodes(Group& group, const TensorView& out, const TensorView& 
              " across nodes: num_blocks and chunk_bytes are chosen from the shares; leave them 0");
     IL_CHECK(world <= kNodesReduceMaxRanks, op, " across nodes: ", world, " ranks, at most ", kNodesReduceMaxRanks,
              " supported");
-    // Chunks of at least kHierDefaultChunk, and at most kNodesReduceMaxChunks of them per share.
-    const uint64_t fitting = (plan.share_bytes + kNodesReduceMaxChunks - 1) / kNodesReduceMaxChunks;
-    plan.chunk_bytes = std::max<uint64_t>(kHierDefaultChunk, (fitting + 15) / 16 * 16);
-    const uint64_t chunks = (plan.share_bytes + plan.chunk_bytes - 1) / plan.chunk_bytes;
-    // Partials in (world - 1) slots, the send buffer (a slot per owner), all_reduce's gather buffer.
-    const uint64_t slots = plan.share_bytes * (world - 1);
-    const uint64_t send = plan.share_bytes * world;
-    const uint64_t gather = kOp == OpId::kAllReduce ? plan.share_bytes * world : 0;
+    const NodesReduceLayout layout = nodes_reduce_layout(plan, kOp == OpId::kAllReduce, kHierDefaultChunk);
+    plan.chunk_bytes = layout.chunk_bytes;
+    const int64_t chunks = layout.chunks;
     if (plan.share_bytes > 0) {
-      scratch = group.scratch(slots + send + gather,
+      scratch = group.scratch(layout.scratch_bytes,
                               kOp == OpId::kAllReduce ? "all_reduce's staging across nodes (about 3 x the input)"
                                                       : "reduce_scatter's staging across nodes (about 2 x the input)",
                               call.capturing());
     }
-    p.staging = scratch;
-    p.send = scratch + slots;
-    p.gather = scratch + slots + send;
-    p.chunks = static_cast<int32_t>(chunks);
+    p.staging = scratch + layout.staging;
+    p.send = scratch + layout.send;
+    p.gather = scratch + layout.gather;
+    p.chunks = layout.chunks;
     int per_sm = 0;
     IL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kNodesReduceThreads, 0));
     // CTAs are never paired across ranks, so num_blocks stays out of the signature.

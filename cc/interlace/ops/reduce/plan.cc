@@ -5,6 +5,7 @@
 
 #include "interlace/base/error.h"
 #include "interlace/device/signal_pad.h"
+#include "interlace/ops/all_gather/hierarchy.h"
 #include "interlace/ops/chunks.h"
 
 namespace interlace {
@@ -141,6 +142,18 @@ void check_all_reduce_args(const TensorView& out, const TensorView& inp, int dev
   IL_CHECK(out.data == inp.data || !bytes_overlap(out, inp),
            "all_reduce: out and inp overlap without being the same memory; pass separate tensors, or the same "
            "tensor twice to reduce in place");
+}
+
+NodesReduceLayout nodes_reduce_layout(const ReducePlan& plan, bool gather, uint64_t min_chunk) {
+  NodesReduceLayout l;
+  const uint64_t fitting = (plan.share_bytes + kHierMaxChunks - 1) / kHierMaxChunks;
+  l.chunk_bytes = std::max<uint64_t>(min_chunk, round_up_16(fitting));
+  l.chunks = static_cast<int32_t>((plan.share_bytes + l.chunk_bytes - 1) / l.chunk_bytes);
+  l.staging = 0;
+  l.send = plan.share_bytes * (plan.world - 1);
+  l.gather = l.send + plan.share_bytes * plan.world;
+  l.scratch_bytes = l.gather + (gather ? plan.share_bytes * plan.world : 0);
+  return l;
 }
 
 }  // namespace interlace

@@ -97,6 +97,18 @@ ReducePlan plan_reduce_scatter(uint64_t out_bytes, int element_bytes, int world,
 ReducePlan plan_all_reduce(uint64_t bytes, int element_bytes, int world, int rank, int resident_blocks,
                            bool symmetric_out, ReduceTuning tuning = {});
 
+// Across nodes (nodes_kernel.cuh): each share in chunks of at least min_chunk bytes (the kernel's:
+// kHierDefaultChunk) and at most kHierMaxChunks of them, and the scratch: (world - 1) slots of
+// partials, a send buffer of world slots, all_reduce's gather buffer of world slots; offsets from the
+// scratch's start.
+struct NodesReduceLayout {
+  uint64_t chunk_bytes = 0;  // a multiple of 16
+  int32_t chunks = 0;        // per share; 0 for an empty message
+  uint64_t staging = 0, send = 0, gather = 0;
+  uint64_t scratch_bytes = 0;
+};
+NodesReduceLayout nodes_reduce_layout(const ReducePlan& plan, bool gather, uint64_t min_chunk);
+
 // Raise, naming the argument, unless (for reduce_scatter) out is one rank's block of inp:
 // inp [world * n, ...] or [world, n, ...] or flat with world * out.numel() elements, out [n, ...];
 // (for all_reduce) out has inp's shape. Both: fp16, bf16 or fp32, the same dtype; C-contiguous,
