@@ -68,6 +68,21 @@ __device__ inline OpStart op_begin(const Transport& t, const WaitContext& ctx, u
   return start;
 }
 
+// All threads of every CTA, once per launch: true (in every thread) in the last CTA to arrive, which
+// then sees what the other CTAs stored before arriving; `arrived` (device memory, zero between
+// launches) is reset for the next launch.
+__device__ inline bool last_cta_to_arrive(uint32_t* arrived) {
+  __shared__ int last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(arrived, 1u) == gridDim.x - 1;
+    if (last) *arrived = 0;
+  }
+  __syncthreads();
+  return last;
+}
+
 // Called by all threads of every CTA that did not stop: the last CTA out counts the op as done.
 // (The op's number is read again here rather than kept live through the op: registers are scarce.)
 template <class Transport>

@@ -1,6 +1,9 @@
 #include "interlace/runtime/op_call.h"
 
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "interlace/base/error.h"
 #include "interlace/device/op_sequence.cuh"
@@ -185,6 +188,18 @@ void OpCall::cancel_on_device() {
     // Peers' kernels wait for this rank's place in the op sequence: without it they never finish.
     group_.abort(concat("rank ", group_.rank(), " could not cancel ", op_name(op_), " on its GPU: ", e.what()));
   }
+}
+
+int resident_ctas(const Group& group, const void* kernel, int threads) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, int>, int> known;  // (kernel, device, threads)
+  const auto key = std::make_tuple(kernel, group.device(), threads);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = known.find(key);
+  if (it != known.end()) return it->second;
+  int per_sm = 0;
+  IL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+  return known[key] = per_sm * group.num_sms();
 }
 
 void check_one_node(const Group& group, const char* op) {

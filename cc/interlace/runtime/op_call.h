@@ -64,6 +64,11 @@ class OpCall {
   bool capturing_ = false;
 };
 
+// CTAs of `kernel` (blocks of `threads`, no dynamic shared memory) that fit on the group's GPU at
+// once. Kernels whose CTAs wait on each other, or on peers' CTAs, never launch more: all must be
+// resident. Depends only on the kernel and the device, so it is looked up once for each.
+int resident_ctas(const Group& group, const void* kernel, int threads);
+
 // Raises unless the group is one node: the ops address peers by local rank over NVLink; none uses the
 // cross-node proxy yet. For OpCall::agree's checks.
 void check_one_node(const Group& group, const char* op);

@@ -97,7 +97,6 @@ __global__ void __launch_bounds__(kHierAllGatherThreads, 1)
   if (!device::op_enter(t, p.wait, p.signature)) return;
   HierAllGatherFlags& flags = flags_of(t);
   __shared__ uint64_t base, launch;
-  __shared__ int last;
   if (threadIdx.x == 0) {
     base = flags.base;
     launch = flags.launches + 1;
@@ -196,13 +195,7 @@ __global__ void __launch_bounds__(kHierAllGatherThreads, 1)
   // The last CTA out: every shard is here, so tell the ranks whose shards came over the network that
   // their reads of this launch are done, and wait to hear the same from this rank's network receivers
   // (its staging is then free for any later op, which the node's handshake alone does not ensure).
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    last = atomicAdd(&flags.finished, 1u) == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (last) {
+  if (device::last_cta_to_arrive(&flags.finished)) {
     if (threadIdx.x < p.num_relayed) {
       device::ProxyTransport proxy = p.proxy;
       const int s = p.relayed[threadIdx.x];
@@ -215,7 +208,6 @@ __global__ void __launch_bounds__(kHierAllGatherThreads, 1)
     }
     if (__syncthreads_or(bad)) return;
     if (threadIdx.x == 0) {
-      flags.finished = 0;
       flags.base = base + p.chunks;
       flags.launches = launch;
       __threadfence();

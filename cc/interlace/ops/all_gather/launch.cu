@@ -1,6 +1,6 @@
 #include "interlace/ops/all_gather/launch.h"
 
-#include <atomic>
+#include <algorithm>
 
 #include "interlace/base/cuda.h"
 #include "interlace/ops/all_gather/hier_kernel.cuh"
@@ -13,22 +13,6 @@ namespace {
 
 using Kernel = void (*)(AllGatherParams<device::NvlinkTransport>);
 constexpr Kernel kKernel = all_gather_kernel<device::NvlinkTransport>;
-
-// CTAs of the kernel that fit on the group's GPU at once: the plan never launches more, since CTAs
-// wait on their peers' CTAs and all of them must be resident. It depends only on the kernel and the
-// device, so it is looked up once per device (racing lookups store the same value).
-template <auto kFn, int kThreads>
-int resident_blocks(const Group& group) {
-  static std::atomic<int> by_device[64] = {};
-  const int device = group.device();
-  int known = device < 64 ? by_device[device].load() : 0;
-  if (known > 0) return known;
-  int per_sm = 0;
-  IL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kFn, kThreads, 0));
-  known = per_sm * group.num_sms();
-  if (device < 64) by_device[device].store(known);
-  return known;
-}
 
 // A group of several nodes: hier_kernel.cuh.
 void all_gather_across_nodes(Group& group, const TensorView& out, const TensorView& inp, cudaStream_t stream,
@@ -61,7 +45,9 @@ void all_gather_across_nodes(Group& group, const TensorView& out, const TensorVi
     // num_blocks stays out of the signature.
     const int items = std::max({plan.chunks, static_cast<int>(work.relayed.size()) * plan.chunks,
                                 (topo.world_size - 1) * (out_offset >= 0 ? 1 : plan.chunks), 1});
-    num_blocks = std::min({items, group.num_sms(), resident_blocks<hier_all_gather_kernel, kHierAllGatherThreads>(group)});
+    const int resident = resident_ctas(group, reinterpret_cast<const void*>(hier_all_gather_kernel),
+                                       kHierAllGatherThreads);
+    num_blocks = std::min({items, group.num_sms(), resident});
     return detail::concat("all_gather_across_nodes(bytes_per_rank=", bytes, ", dtype=", inp.dtype_name(),
                           ", out=", out_offset < 0 ? "ordinary" : "symmetric", ", out_offset=", out_offset,
                           ", scratch=", scratch, ", chunk_bytes=", plan.chunk_bytes, ")");
@@ -107,7 +93,8 @@ void all_gather(Group& group, const TensorView& out, const TensorView& inp, cuda
   size_t landing = 0;
   const uint64_t signature = call.agree([&] {
     check_all_gather_args(out, inp, topo.world_size, group.device());
-    plan = plan_all_gather(bytes, resident_blocks<kKernel, kAllGatherThreads>(group), tuning);
+    const int resident = resident_ctas(group, reinterpret_cast<const void*>(kKernel), kAllGatherThreads);
+    plan = plan_all_gather(bytes, resident, tuning);
     out_offset = heap.offset_of(out.data, out.nbytes());
     landing = out_offset >= 0 || bytes == 0
                   ? static_cast<size_t>(std::max(out_offset, 0LL))

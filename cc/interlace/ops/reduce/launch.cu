@@ -1,7 +1,6 @@
 #include "interlace/ops/reduce/launch.h"
 
 #include <algorithm>
-#include <atomic>
 #include <functional>
 
 #include "interlace/base/cuda.h"
@@ -15,36 +14,12 @@ namespace {
 using Params = ReduceParams<device::NvlinkTransport>;
 using Kernel = void (*)(Params);
 
-// The kernel for an op and a dtype (checked before: float16, bfloat16 or float32), and its index in
-// the table of resident-block counts.
+// The kernel for an op and a dtype (checked before: float16, bfloat16 or float32).
 template <OpId kOp>
-Kernel kernel_for(const DLDataType& dtype, int* index) {
-  constexpr int op = kOp == OpId::kReduceScatter ? 0 : 3;
-  if (dtype.code == kDLBfloat) {
-    *index = op;
-    return reduce_kernel<device::NvlinkTransport, __nv_bfloat16, kOp>;
-  }
-  if (dtype.bits == 16) {
-    *index = op + 1;
-    return reduce_kernel<device::NvlinkTransport, __half, kOp>;
-  }
-  *index = op + 2;
+Kernel kernel_for(const DLDataType& dtype) {
+  if (dtype.code == kDLBfloat) return reduce_kernel<device::NvlinkTransport, __nv_bfloat16, kOp>;
+  if (dtype.bits == 16) return reduce_kernel<device::NvlinkTransport, __half, kOp>;
   return reduce_kernel<device::NvlinkTransport, float, kOp>;
-}
-
-// CTAs of a kernel that fit on the group's GPU at once: the plan never launches more, since CTAs wait
-// on their peers' CTAs and all of them must be resident. Looked up once per kernel and device
-// (racing lookups store the same value).
-int resident_blocks(const Group& group, Kernel kernel, int index) {
-  static std::atomic<int> known_by[6][64] = {};
-  const int device = group.device();
-  int known = device < 64 ? known_by[index][device].load() : 0;
-  if (known > 0) return known;
-  int per_sm = 0;
-  IL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kReduceThreads, 0));
-  known = per_sm * group.num_sms();
-  if (device < 64) known_by[index][device].store(known);
-  return known;
 }
 
 // What every call fills in the same way; the caller sets the buffers.
@@ -115,11 +90,10 @@ void reduce_across_nodes(Group& group, const TensorView& out, const TensorView& 
     p.send = scratch + layout.send;
     p.gather = scratch + layout.gather;
     p.chunks = layout.chunks;
-    int per_sm = 0;
-    IL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kNodesReduceThreads, 0));
     // CTAs are never paired across ranks, so num_blocks stays out of the signature.
     const int items = std::max<int>({static_cast<int>((world - 1) * chunks), static_cast<int>(chunks), 1});
-    num_blocks = std::min({items, group.num_sms(), per_sm * group.num_sms()});
+    num_blocks = std::min({items, group.num_sms(),
+                           resident_ctas(group, reinterpret_cast<const void*>(kernel), kNodesReduceThreads)});
     return detail::concat(op, "_across_nodes(bytes=", plan.bytes, ", dtype=", inp.dtype_name(), ", share_bytes=",
                           plan.share_bytes, ", chunk_bytes=", plan.chunk_bytes, ", scratch=", scratch, ")");
   });
@@ -154,10 +128,10 @@ void reduce_scatter(Group& group, const TensorView& out, const TensorView& inp, 
   size_t staging = 0;
   const uint64_t signature = call.agree([&] {
     check_reduce_scatter_args(out, inp, topo.world_size, group.device());
-    int index = 0;
-    kernel = kernel_for<OpId::kReduceScatter>(inp.dtype, &index);
-    plan = plan_reduce_scatter(out.nbytes(), static_cast<int>(inp.itemsize()), topo.world_size, topo.rank,
-                               resident_blocks(group, kernel, index), tuning);
+    kernel = kernel_for<OpId::kReduceScatter>(inp.dtype);
+    const int resident = resident_ctas(group, reinterpret_cast<const void*>(kernel), kReduceThreads);
+    plan = plan_reduce_scatter(out.nbytes(), static_cast<int>(inp.itemsize()), topo.world_size, topo.rank, resident,
+                               tuning);
     if (plan.staging_bytes > 0) {
       staging = group.scratch(plan.staging_bytes, "reduce_scatter's staging ((world_size - 1) x out)", call.capturing());
     }
@@ -192,11 +166,11 @@ void all_reduce(Group& group, const TensorView& out, const TensorView& inp, cuda
   size_t staging = 0;
   const uint64_t signature = call.agree([&] {
     check_all_reduce_args(out, inp, group.device());
-    int index = 0;
-    kernel = kernel_for<OpId::kAllReduce>(inp.dtype, &index);
+    kernel = kernel_for<OpId::kAllReduce>(inp.dtype);
     out_offset = out.nbytes() > 0 ? heap.offset_of(out.data, out.nbytes()) : -1;
-    plan = plan_all_reduce(inp.nbytes(), static_cast<int>(inp.itemsize()), topo.world_size, topo.rank,
-                           resident_blocks(group, kernel, index), out_offset >= 0, tuning);
+    const int resident = resident_ctas(group, reinterpret_cast<const void*>(kernel), kReduceThreads);
+    plan = plan_all_reduce(inp.nbytes(), static_cast<int>(inp.itemsize()), topo.world_size, topo.rank, resident,
+                           out_offset >= 0, tuning);
     const uint64_t scratch = plan.staging_bytes + plan.landing_bytes;
     if (scratch > 0) {
       staging = group.scratch(scratch,

@@ -130,7 +130,6 @@ __global__ void __launch_bounds__(kNodesReduceThreads, 1)
   if (!device::op_enter(t, p.wait, p.signature)) return;
   NodesReduceFlags& flags = flags_of<kOp>(t);
   __shared__ uint64_t launch;
-  __shared__ int last;
   if (threadIdx.x == 0) launch = flags.launches + 1;
   __syncthreads();
   const ReducePlan& plan = p.plan;
@@ -198,13 +197,7 @@ __global__ void __launch_bounds__(kNodesReduceThreads, 1)
   // The last CTA out: everything every rank of another node sends here has landed, so tell each that
   // its network reads of this launch are done, and wait to hear the same from each of them (this
   // rank's send and gather buffers are then free for any later op).
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    last = atomicAdd(&flags.finished, 1u) == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (last) {
+  if (device::last_cta_to_arrive(&flags.finished)) {
     if (remote) {
       device::ProxyTransport proxy = p.proxy;
       bad = !posted(proxy.signal(threadIdx.x, &flags.drained[me], 1), p, FlagId::kDrained, threadIdx.x);
@@ -215,7 +208,6 @@ __global__ void __launch_bounds__(kNodesReduceThreads, 1)
     }
     if (__syncthreads_or(bad)) return;
     if (threadIdx.x == 0) {
-      flags.finished = 0;
       for (int c = 0; c < p.chunks; ++c) flags.uses[c] += 1;
       flags.launches = launch;
       __threadfence();
