@@ -9,6 +9,7 @@
 
 #include "interlace/base/cuda.h"
 #include "interlace/runtime/cross_node_choice.h"
+#include "interlace/runtime/kernels_across_nodes.h"
 #include "interlace/runtime/launch_env.h"
 
 namespace interlace {
@@ -89,6 +90,7 @@ Group::Group(GroupOptions options) : options_(std::move(options)) {
       abort(concat("rank ", topo_.rank, "'s cross-node proxy failed: ", why));
     };
     cross_node_ = std::make_unique<CrossNodePath>(topo_, *bootstrap_, *heap_, device_, control_device_, std::move(c));
+    load_kernels_across_nodes();
   }
 }
 

@@ -8,6 +8,7 @@
 #include "interlace/base/error.h"
 #include "interlace/device/op_sequence.cuh"
 #include "interlace/device/transport.cuh"
+#include "interlace/runtime/kernels_across_nodes.h"
 
 namespace interlace {
 using detail::concat;
@@ -19,6 +20,9 @@ __global__ void cancel_kernel(const __grid_constant__ device::NvlinkTransport t,
                               const __grid_constant__ device::WaitContext ctx) {
   if (device::op_begin(t, ctx, kCancelSignature) != device::kStop) device::op_end(t);
 }
+
+// Issued beside kernels across nodes when a call fails its checks.
+const bool kCancelRegistered = register_kernels_across_nodes({reinterpret_cast<const void*>(cancel_kernel)});
 
 }  // namespace
 

@@ -6,6 +6,7 @@
 #include "interlace/ops/all_gather/hier_kernel.cuh"
 #include "interlace/ops/all_gather/hierarchy.h"
 #include "interlace/ops/all_gather/kernel.cuh"
+#include "interlace/runtime/kernels_across_nodes.h"
 #include "interlace/runtime/op_call.h"
 
 namespace interlace {
@@ -13,6 +14,7 @@ namespace {
 
 using Kernel = void (*)(AllGatherParams<device::NvlinkTransport>);
 constexpr Kernel kKernel = all_gather_kernel<device::NvlinkTransport>;
+const bool kHierKernelRegistered = register_kernels_across_nodes({reinterpret_cast<const void*>(hier_all_gather_kernel)});
 
 // A group of several nodes: hier_kernel.cuh.
 void all_gather_across_nodes(Group& group, const TensorView& out, const TensorView& inp, cudaStream_t stream,

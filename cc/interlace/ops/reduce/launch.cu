@@ -6,6 +6,7 @@
 #include "interlace/base/cuda.h"
 #include "interlace/ops/reduce/kernel.cuh"
 #include "interlace/ops/reduce/nodes_kernel.cuh"
+#include "interlace/runtime/kernels_across_nodes.h"
 #include "interlace/runtime/op_call.h"
 
 namespace interlace {
@@ -55,6 +56,15 @@ NodesKernel nodes_kernel_for(const DLDataType& dtype) {
   if (dtype.bits == 16) return nodes_reduce_kernel<__half, kOp>;
   return nodes_reduce_kernel<float, kOp>;
 }
+
+const bool kNodesKernelsRegistered = register_kernels_across_nodes({
+    reinterpret_cast<const void*>(nodes_reduce_kernel<__nv_bfloat16, OpId::kReduceScatter>),
+    reinterpret_cast<const void*>(nodes_reduce_kernel<__half, OpId::kReduceScatter>),
+    reinterpret_cast<const void*>(nodes_reduce_kernel<float, OpId::kReduceScatter>),
+    reinterpret_cast<const void*>(nodes_reduce_kernel<__nv_bfloat16, OpId::kAllReduce>),
+    reinterpret_cast<const void*>(nodes_reduce_kernel<__half, OpId::kAllReduce>),
+    reinterpret_cast<const void*>(nodes_reduce_kernel<float, OpId::kAllReduce>),
+});
 
 // A group of several nodes (nodes_kernel.cuh): `plan` has the shares; this picks the chunks, the
 // scratch and the grid, and launches. The caller's OpCall has checked the arguments.
