@@ -12,22 +12,27 @@
 
 namespace interlace::gemm_engine {
 
-// a: [M, K] row-major with row stride p.lda; b: [K, N] as p.b_k_major and p.ldb say.
+// a: [M, K] row-major with row stride p.lda; b: [K, N] as p.b_k_major and p.ldb say. Several groups
+// (grouped_gemm): `groups` such problems, a's and b's group g at g * group_a and g * group_b elements.
 template <class Config>
-typename Config::Mainloop::Params mainloop_params(const GemmProblem& p, const void* a, const void* b) {
+typename Config::Mainloop::Params mainloop_params(const GemmProblem& p, const void* a, const void* b, int groups = 1,
+                                                  int64_t group_a = 0, int64_t group_b = 0) {
   using Mainloop = typename Config::Mainloop;
   using Element = typename Config::Element;
   typename Mainloop::StrideA stride_a{};
   cute::get<0>(stride_a) = p.lda;
+  cute::get<2>(stride_a) = group_a;
   typename Mainloop::StrideB stride_b{};
   if constexpr (Config::kBKMajor) {
     cute::get<0>(stride_b) = p.ldb;  // (N, K): N steps by ldb, K contiguous
   } else {
     cute::get<1>(stride_b) = p.ldb;  // (N, K): N contiguous, K steps by ldb
   }
+  cute::get<2>(stride_b) = group_b;
   typename Mainloop::Arguments args{static_cast<const Element*>(a), stride_a, static_cast<const Element*>(b),
                                     stride_b};
-  const auto problem = cute::make_shape(static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), 1);
+  const auto problem =
+      cute::make_shape(static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), groups);
   return Mainloop::to_underlying_arguments(problem, args, nullptr);
 }
 

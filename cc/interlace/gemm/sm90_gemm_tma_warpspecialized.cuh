@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "cute/tensor.hpp"
 #include "cutlass/arch/reg_reconfig.h"
@@ -39,6 +40,7 @@ struct GemmParams {
   // a tile from it when InputWait::wait says so.
   typename Config::Mainloop::Params mainloop_alt;
   int32_t m, n, k;
+  int32_t groups;                // independent problems of m rows (0 or 1: one), each its own A, B and C
   typename Order::Params order;  // over cluster tiles: (cluster tile row, tile column)
   int32_t num_tiles;             // cluster tiles: positions 0 .. num_tiles - 1 of the order
   typename InputWait::Params input_wait;
@@ -51,11 +53,28 @@ struct GemmParams {
 
 enum class WarpGroupRole { Producer = 0, Consumer0 = 1, Consumer1 = 2 };
 
-// The tile scheduler every role asks. The cluster takes positions cluster_id, + num_clusters, ... of
-// the order (num_clusters: the clusters that compute, gemm_ctas / kClusterM); of those, a role that shares them with others (ping-pong consumers) takes every
-// walkers-th, starting with the walker-th. A tile row past the problem (the second CTA of a cluster
-// when the tile rows are odd) still runs the mainloop, since its cluster partner's B multicast lands
-// in its shared memory; TMA reads zeros for it and the epilogue stores nothing.
+// Orders may skip positions: a GroupedOrder's tile() returns whether a position is a tile of this
+// launch (the others' tile() returns nothing: every position is one). A GroupedOrder also says which
+// problem a tile row belongs to (locate).
+template <class Order, class = void>
+struct SkipsPositions : std::false_type {};
+template <class Order>
+struct SkipsPositions<Order, std::enable_if_t<std::is_same_v<
+                                 decltype(Order::tile(std::declval<const typename Order::Params&>(), 0,
+                                                      std::declval<int32_t&>(), std::declval<int32_t&>())),
+                                 bool>>> : std::true_type {};
+template <class Order, class = void>
+struct HasGroups : std::false_type {};
+template <class Order>
+struct HasGroups<Order, std::void_t<decltype(&Order::locate)>> : std::true_type {};
+
+// The tile scheduler every role asks. The cluster walks positions cluster_id, + num_clusters, ... of
+// the order (num_clusters: the clusters that compute, gemm_ctas / kClusterM), passing over those the
+// order skips; of the tiles it finds, a role that shares them with others (ping-pong consumers) takes
+// every walkers-th, starting with the walker-th, so that the roles agree on which stages are whose.
+// A tile row past the problem (the second CTA of a cluster when the tile rows are odd) still runs
+// the mainloop, since its cluster partner's B multicast lands in its shared memory; TMA reads zeros
+// for it and the epilogue stores nothing.
 template <class Order, int kClusterM>
 struct TileWalk {
   const typename Order::Params& order;  // in the kernel's parameter space
@@ -63,18 +82,28 @@ struct TileWalk {
   int32_t next;
   int32_t step;
   int32_t rank_in_cluster;
+  int32_t walkers;
+  int32_t skip;  // tiles to pass to the other walkers before the next one this walker takes
 
   __device__ TileWalk(const typename Order::Params& order_, int32_t num_tiles_, int32_t gemm_ctas, int walker = 0,
-                      int walkers = 1)
-      : order(order_), num_tiles(num_tiles_),
-        next(static_cast<int32_t>(blockIdx.x) / kClusterM + walker * (gemm_ctas / kClusterM)),
-        step(walkers * (gemm_ctas / kClusterM)), rank_in_cluster(blockIdx.x % kClusterM) {}
+                      int walkers_ = 1)
+      : order(order_), num_tiles(num_tiles_), next(static_cast<int32_t>(blockIdx.x) / kClusterM),
+        step(gemm_ctas / kClusterM), rank_in_cluster(blockIdx.x % kClusterM), walkers(walkers_), skip(walker) {}
 
   __device__ bool get(int* m_idx, int* n_idx) {
-    if (next >= num_tiles) return false;
     int32_t cluster_m_idx, tile_n_idx;
-    Order::tile(order, next, cluster_m_idx, tile_n_idx);
-    next += step;
+    for (;;) {
+      if (next >= num_tiles) return false;
+      bool is_tile = true;
+      if constexpr (SkipsPositions<Order>::value) {
+        is_tile = Order::tile(order, next, cluster_m_idx, tile_n_idx);
+      } else {
+        Order::tile(order, next, cluster_m_idx, tile_n_idx);
+      }
+      next += step;
+      if (is_tile && skip-- == 0) break;
+    }
+    skip = walkers - 1;
     *m_idx = cluster_m_idx * kClusterM + rank_in_cluster;
     *n_idx = tile_n_idx;
     return true;
@@ -93,8 +122,11 @@ __device__ __forceinline__ void run_producer(const Params& params, typename Conf
   int m_idx, n_idx;
   while (walk.get(&m_idx, &n_idx)) {
     const bool alt = InputWait::wait(params.input_wait, m_idx, n_idx);
+    int32_t group = 0, m_in_group = m_idx;
+    if constexpr (HasGroups<Order>::value) Order::locate(params.order, m_idx, group, m_in_group);
     auto k_iter = make_coord_iterator(idx2crd(0, k_shape), k_shape);
-    mainloop.load(alt ? params.mainloop_alt : params.mainloop, pipeline, state, load_inputs, make_coord(m_idx, n_idx, _, 0), k_iter, k_tiles,
+    mainloop.load(alt ? params.mainloop_alt : params.mainloop, pipeline, state, load_inputs,
+                  make_coord(m_in_group, n_idx, _, group), k_iter, k_tiles,
                   static_cast<int>(threadIdx.x % 32), cute::block_rank_in_cluster(), shared.mainloop.tensors);
     state.advance(k_tiles);
   }
@@ -209,7 +241,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     __syncthreads();
   }
 
-  const auto problem = make_shape(params.m, params.n, params.k, 1);
+  const auto problem = make_shape(params.m, params.n, params.k, params.groups > 1 ? params.groups : 1);
   const int k_tiles = (params.k + Config::kTileK - 1) / Config::kTileK;
   if (role == WarpGroupRole::Producer) {
     cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
