@@ -18,7 +18,8 @@ from interlace import _interlace as _C
 
 __all__ = ["Bootstrap", "Error", "Group", "MoeHandle", "ag_gemm", "all_gather", "all_reduce", "attention", "gemm",
            "gemm_ar",
-           "gemm_rs", "gpu_count", "init", "moe_combine", "moe_dispatch", "moe_no_drop_capacity", "reduce_scatter",
+           "gemm_rs", "gpu_count", "grouped_gemm", "init", "moe_combine", "moe_dispatch", "moe_no_drop_capacity",
+           "reduce_scatter",
            "ring_attention", "ring_attention_shard", "ring_attention_unshard"]
 __version__ = "0.1.0"
 
@@ -133,6 +134,24 @@ def gemm(a, b, out, *, stream=None, band_m=0, tile_n=0, cluster_m=0, pingpong=Tr
         stream = _frameworks.current_stream(out, a, b)
     _C.gemm(_frameworks.as_dlpack(a), _frameworks.as_dlpack(b), _frameworks.as_dlpack(out), stream=stream,
             band_m=band_m, tile_n=tile_n, cluster_m=cluster_m, pingpong=pingpong)
+
+
+def grouped_gemm(a, b, out, rows, *, stream=None):
+    """G GEMMs in one launch, a mixture of experts' FFN matmul on the tokens each expert received:
+    out[g, :rows[g]] = a[g, :rows[g]] @ b[g] for every group g. a is [G, C, K] (C rows per group, the
+    capacity), b [G, K, N] with N or K contiguous (Linear weights w [G, N, K] go in as
+    w.transpose(1, 2)), out [G, C, N]; bf16 or fp16 alike, fp32 accumulation, out in the input dtype.
+    rows: int32 [G] on the GPU, the row count of each group, clamped to C; it is read by the kernel and
+    never synced to the host, so the counts can come straight from a routing kernel. Rows of out at or
+    past rows[g] are left as they are. Rows and group strides 16-byte aligned (K and N multiples of 8);
+    out may not overlap a, b or rows. Stream-ordered; raises interlace.Error before any GPU work on bad
+    arguments."""
+    if _frameworks.is_jax(out):
+        raise TypeError("JAX arrays are immutable: interlace.grouped_gemm writes into out")
+    if stream is None:
+        stream = _frameworks.current_stream(out, a, b)
+    _C.grouped_gemm(_frameworks.as_dlpack(a), _frameworks.as_dlpack(b), _frameworks.as_dlpack(out),
+                    _frameworks.as_dlpack(rows), stream=stream)
 
 
 def _check_scale(op, softmax_scale):

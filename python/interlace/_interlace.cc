@@ -14,6 +14,8 @@
 #include "interlace/attention/args.h"
 #include "interlace/base/cuda.h"
 #include "interlace/gemm/args.h"
+#include "interlace/gemm/grouped_args.h"
+#include "interlace/gemm/grouped_gemm.h"
 #include "interlace/ops/ring_attention/plan.h"
 #include "interlace/runtime/cross_node_choice.h"
 
@@ -358,6 +360,15 @@ NB_MODULE(_interlace, m) {
         "a"_a.noconvert(), "b"_a.noconvert(), "out"_a.noconvert(), nb::kw_only(), "stream"_a, "band_m"_a = 0,
         "tile_n"_a = 0, "cluster_m"_a = 0, "pingpong"_a = true);
 
+  m.def("grouped_gemm",
+        [](nb::ndarray<nb::ro> a, nb::ndarray<nb::ro> b, nb::ndarray<> out, nb::ndarray<nb::ro> rows,
+           uintptr_t stream) {
+          TensorView va = view_of(a), vb = view_of(b), vo = view_of(out), vr = view_of(rows);
+          nb::gil_scoped_release release;
+          grouped_gemm(va, vb, vo, vr, reinterpret_cast<cudaStream_t>(stream));
+        },
+        "a"_a.noconvert(), "b"_a.noconvert(), "out"_a.noconvert(), "rows"_a.noconvert(), nb::kw_only(), "stream"_a);
+
   m.def("attention",
         [](nb::ndarray<nb::ro> q, nb::ndarray<nb::ro> k, nb::ndarray<nb::ro> v, nb::ndarray<> out,
            std::optional<nb::ndarray<>> lse, bool causal, double softmax_scale, uintptr_t stream) {
@@ -499,6 +510,15 @@ NB_MODULE(_interlace, m) {
         },
         "a"_a.noconvert(), "b"_a.noconvert(), "out"_a.noconvert(), nb::kw_only(), "device"_a,
         "The checks gemm makes before any GPU work, without a GPU (for tests): returns (M, N, K, b_k_major).");
+
+  m.def("_check_grouped_gemm_args",
+        [](nb::ndarray<nb::ro> a, nb::ndarray<nb::ro> b, nb::ndarray<> out, nb::ndarray<nb::ro> rows, int device) {
+          GroupedGemmProblem p = check_grouped_gemm_args(view_of(a), view_of(b), view_of(out), view_of(rows), device);
+          return nb::make_tuple(p.groups, p.capacity, p.n, p.k, p.b_k_major);
+        },
+        "a"_a.noconvert(), "b"_a.noconvert(), "out"_a.noconvert(), "rows"_a.noconvert(), nb::kw_only(), "device"_a,
+        "The checks grouped_gemm makes before any GPU work, without a GPU (for tests): returns (G, C, N, K, "
+        "b_k_major).");
 
   m.def("_check_attention_args",
         [](nb::ndarray<nb::ro> q, nb::ndarray<nb::ro> k, nb::ndarray<nb::ro> v, nb::ndarray<> out,

@@ -1,46 +1,16 @@
 #include "interlace/gemm/args.h"
 
 #include "interlace/base/error.h"
+#include "interlace/gemm/operand.h"
 
 namespace interlace {
 namespace {
 
+using gemm_operand::aligned16;
+using gemm_operand::ByteRange;
+using gemm_operand::stride_of;
+
 bool is(const DLDataType& t, uint8_t code) { return t.code == code && t.bits == 16 && t.lanes == 1; }
-
-// Stride of dim i in elements (C-contiguous when strides are not given).
-int64_t stride_of(const TensorView& t, int i) {
-  if (!t.strides.empty()) return t.strides[i];
-  int64_t s = 1;
-  for (int j = static_cast<int>(t.shape.size()) - 1; j > i; --j) s *= t.shape[j];
-  return s;
-}
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// The bytes from a 2-D tensor's lowest element to the end of its highest; empty without elements.
-// In 128 bits: a DLPack view may claim any strides, and this runs before anything bounds them.
-struct ByteRange {
-  __int128 lo = 0, hi = 0;
-  bool empty() const { return lo == hi; }
-  bool overlaps(const ByteRange& o) const { return !empty() && !o.empty() && lo < o.hi && o.lo < hi; }
-};
-
-ByteRange byte_range(const TensorView& t, const char* name) {
-  ByteRange r;
-  if (t.shape[0] == 0 || t.shape[1] == 0) return r;
-  __int128 low = 0, high = 0;  // element offsets of the lowest and highest elements
-  for (int i = 0; i < 2; ++i) {
-    const __int128 reach = static_cast<__int128>(stride_of(t, i)) * (t.shape[i] - 1);
-    (reach < 0 ? low : high) += reach;
-  }
-  const auto base = static_cast<__int128>(reinterpret_cast<uintptr_t>(t.data));
-  const auto item = static_cast<__int128>(t.itemsize());
-  r.lo = base + low * item;
-  r.hi = base + (high + 1) * item;
-  IL_CHECK(r.lo >= 0 && r.hi <= (static_cast<__int128>(1) << 64), "gemm: ", name, " (", t.shape_string(),
-           ") has strides that reach outside the address space");
-  return r;
-}
 
 }  // namespace
 
@@ -101,10 +71,10 @@ GemmProblem check_gemm_args(const TensorView& a, const TensorView& b, const Tens
   }
 
   // The kernel reads a and b while other CTAs already store out: any shared byte is a race.
-  const ByteRange out_bytes = byte_range(out, "out");
-  IL_CHECK(!out_bytes.overlaps(byte_range(a, "a")),
+  const ByteRange out_bytes = gemm_operand::byte_range(out, "gemm", "out");
+  IL_CHECK(!out_bytes.overlaps(gemm_operand::byte_range(a, "gemm", "a")),
            "gemm: out overlaps a in memory; write the product to a separate tensor");
-  IL_CHECK(!out_bytes.overlaps(byte_range(b, "b")),
+  IL_CHECK(!out_bytes.overlaps(gemm_operand::byte_range(b, "gemm", "b")),
            "gemm: out overlaps b in memory; write the product to a separate tensor");
 
   for (const TensorView* t : {&a, &b, &out}) {
@@ -115,7 +85,7 @@ GemmProblem check_gemm_args(const TensorView& a, const TensorView& b, const Tens
 }
 
 bool overlap_2d(const TensorView& a, const TensorView& b) {
-  return byte_range(a, "a tensor").overlaps(byte_range(b, "a tensor"));
+  return gemm_operand::byte_range(a, "gemm", "a tensor").overlaps(gemm_operand::byte_range(b, "gemm", "a tensor"));
 }
 
 }  // namespace interlace

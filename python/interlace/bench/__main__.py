@@ -1,5 +1,5 @@
-"""python -m interlace.bench {all_gather,all_gather_nodes,gemm,ag_gemm,gemm_rs,gemm_ar,reduce_scatter,all_reduce,
-    reduce_nodes,overhead,moe,attention,ring_attention}
+"""python -m interlace.bench {all_gather,all_gather_nodes,gemm,grouped_gemm,ag_gemm,gemm_rs,gemm_ar,reduce_scatter,
+    all_reduce,reduce_nodes,overhead,moe,attention,ring_attention}
     [--world_size N] [--out_dir bench/results] ...
 
 Starts one process per local GPU, checks each op against its baselines, times everything in the
@@ -18,8 +18,9 @@ FLAGS = flags.FLAGS
 flags.DEFINE_integer("world_size", 0, "processes (GPUs); 0 = every visible GPU")
 flags.DEFINE_string("out_dir", "bench/results", "where the JSON and the plot go")
 flags.DEFINE_list("sizes", [], "all_gather, reduce_scatter, all_reduce: bytes per rank (suffixes K, M, G allowed); "
-                  "ag_gemm, gemm_rs, gemm_ar: global MxKxN, or M (its sweeps' K and N); moe: config names; attention: "
-                  "sequence lengths; ring_attention: global sequence lengths; default: the op's sweep")
+                  "ag_gemm, gemm_rs, gemm_ar: global MxKxN, or M (its sweeps' K and N); moe, grouped_gemm: config "
+                  "names; attention: sequence lengths; ring_attention: global sequence lengths; default: the op's "
+                  "sweep")
 flags.DEFINE_integer("warmup", 0, "untimed launches before timing (0: the op's default)")
 flags.DEFINE_integer("iters", 0, "timed launches; the median is reported (0: the op's default)")
 flags.DEFINE_list("tunings", [], "interlace settings to time besides the automatic ones; all_gather, "
@@ -32,6 +33,7 @@ OPS = {
     "all_gather": ("interlace.bench.all_gather", True),
     "all_gather_nodes": ("interlace.bench.all_gather_nodes", True),
     "gemm": ("interlace.bench.gemm", False),
+    "grouped_gemm": ("interlace.bench.grouped_gemm", False),
     "ag_gemm": ("interlace.bench.ag_gemm", True),
     "gemm_rs": ("interlace.bench.gemm_rs", True),
     "gemm_ar": ("interlace.bench.gemm_ar", True),

@@ -1,0 +1,32 @@
+// Host-side checks of interlace::grouped_gemm's arguments: everything is validated before any GPU work.
+#pragma once
+
+#include <cstdint>
+
+#include "interlace/base/tensor.h"
+#include "interlace/gemm/args.h"
+
+namespace interlace {
+
+// G independent GEMMs of one shape bound, as a mixture of experts runs its experts on the tokens
+// each received: group g multiplies the first rows[g] rows of a[g] by b[g].
+struct GroupedGemmProblem {
+  int64_t groups = 0;    // G
+  int64_t capacity = 0;  // C: rows per group in a and out (a group uses its first rows[g] of them)
+  int64_t n = 0, k = 0;
+  GemmDtype dtype = GemmDtype::kBf16;
+  bool b_k_major = false;  // b[g] is [K, N] with K contiguous (Linear weights [G, N, K] passed as w.transpose(1, 2))
+  int64_t lda = 0, ldb = 0, ldc = 0;                    // row strides, elements
+  int64_t group_a = 0, group_b = 0, group_out = 0;      // group strides, elements
+};
+
+// a: [G, C, K], rows K-contiguous; b: [G, K, N], N-contiguous or K-contiguous (w.transpose(1, 2) of
+// Linear weights [G, N, K]); out: [G, C, N], rows N-contiguous; rows: int32 [G], contiguous, read on
+// the GPU (a row count per group, which may be anything from 0 up: the kernel clamps it to C). bf16
+// or fp16, a, b and out alike, all on CUDA `device`. TMA's rules: every base address and every
+// stride but the contiguous one 16-byte aligned. Dimensions up to kMaxGemmDim, strides below
+// kMaxGemmRowStride. out may not overlap a, b or rows. Raises interlace::Error naming the tensor.
+GroupedGemmProblem check_grouped_gemm_args(const TensorView& a, const TensorView& b, const TensorView& out,
+                                           const TensorView& rows, int device);
+
+}  // namespace interlace

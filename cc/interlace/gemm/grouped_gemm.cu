@@ -1,0 +1,117 @@
+#include "interlace/gemm/grouped_gemm.h"
+
+#include <algorithm>
+#include <type_traits>
+
+#include "interlace/base/cuda.h"
+#include "interlace/gemm/grouped_args.h"
+#include "interlace/gemm/grouped_order.h"
+#include "interlace/gemm/launch.cuh"
+#include "interlace/gemm/sm90_gemm_tma_warpspecialized.cuh"
+#include "interlace/gemm/tile_plan.h"
+
+namespace interlace {
+namespace {
+
+// StoreTile into the tile's group: out[g] at g * group_stride, rows past the group's count left alone.
+template <class Element>
+struct GroupedStore {
+  struct Params {
+    Element* out;
+    int64_t ldc;
+    int64_t group_stride;
+    GroupedOrder::Params order;
+  };
+
+  template <class TileShape, class Accumulators, class TiledMma>
+  __device__ __forceinline__ static void store(const Params& p, const Accumulators& accum, const TiledMma& tiled_mma,
+                                               int thread_idx, int m_idx, int n_idx, int /*m*/, int n) {
+    int32_t group, row;
+    GroupedOrder::locate(p.order, m_idx, group, row);
+    const typename gemm_engine::StoreTile<Element>::Params out{p.out + group * p.group_stride, p.ldc};
+    gemm_engine::StoreTile<Element>::template store<TileShape>(out, accum, tiled_mma, thread_idx, row, n_idx,
+                                                               GroupedOrder::rows_of(p.order, group), n);
+  }
+};
+
+// K = 0: each group's rows are an empty sum. Block (g, y) zeroes rows y, y + gridDim.y, ... of group g.
+template <class Element>
+__global__ void zero_rows_kernel(Element* out, int64_t ldc, int64_t group_stride, GroupedOrder::Params order,
+                                 int32_t n) {
+  const int32_t rows = GroupedOrder::rows_of(order, blockIdx.x);
+  for (int32_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    Element* row = out + blockIdx.x * group_stride + r * ldc;
+    for (int32_t c = threadIdx.x; c < n; c += blockDim.x) row[c] = Element(0.0f);
+  }
+}
+
+// Ping-pong consumers on 128 x 128 tiles, one-CTA clusters: a cluster's tile rows would share B
+// through multicast, which tile rows of different groups cannot.
+template <class Element, bool kBKMajor>
+void launch(const GroupedGemmProblem& p, const TensorView& a, const TensorView& b, const TensorView& out,
+            const GroupedOrder::Params& order, cudaStream_t stream, int num_sms) {
+  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, 128, 1, true>;
+  static_assert(Config::kTileM == GroupedOrder::kTileM, "the order counts the engine's tile rows");
+  using Epilogue = GroupedStore<Element>;
+  using Params = gemm_engine::GemmParams<Config, GroupedOrder, gemm_engine::NoInputWait, Epilogue>;
+  constexpr auto kernel = gemm_engine::sm90_gemm_kernel<Config, GroupedOrder, gemm_engine::NoInputWait, Epilogue>;
+  GemmProblem one;  // one group's problem: C rows
+  one.m = p.capacity;
+  one.n = p.n;
+  one.k = p.k;
+  one.lda = p.lda;
+  one.ldb = p.ldb;
+  Params params{};
+  params.mainloop = gemm_engine::mainloop_params<Config>(one, a.data, b.data, static_cast<int>(p.groups), p.group_a,
+                                                         p.group_b);
+  params.m = static_cast<int32_t>(p.capacity);
+  params.n = static_cast<int32_t>(p.n);
+  params.k = static_cast<int32_t>(p.k);
+  params.groups = static_cast<int32_t>(p.groups);
+  params.order = order;
+  params.num_tiles = static_cast<int32_t>(p.groups * order.tile_rows * order.tiles_n);
+  params.epilogue = {static_cast<Element*>(out.data), p.ldc, p.group_out, order};
+  // Every SM (no CTA waits for another, so more than fit would only queue): which positions hold
+  // tiles is known only on the GPU.
+  gemm_engine::launch_kernel<Config>(kernel, params, std::min(params.num_tiles, num_sms), stream);
+}
+
+}  // namespace
+
+void grouped_gemm(const TensorView& a, const TensorView& b, const TensorView& out, const TensorView& rows,
+                  cudaStream_t stream) {
+  int device = 0;
+  require_gpus();
+  IL_CUDA_CHECK(cudaGetDevice(&device));
+  if (a.device.device_type == kDLCUDA) device = a.device.device_id;
+  const GroupedGemmProblem p = check_grouped_gemm_args(a, b, out, rows, device);
+  require_hopper(device, "grouped_gemm");
+  GroupedOrder::Params order;
+  order.rows = static_cast<const int32_t*>(rows.data);
+  order.capacity = static_cast<int32_t>(p.capacity);
+  order.tile_rows = static_cast<int32_t>((p.capacity + GroupedOrder::kTileM - 1) / GroupedOrder::kTileM);
+  order.tiles_n = static_cast<int32_t>((p.n + 127) / 128);
+  IL_CHECK(p.groups * order.tile_rows * order.tiles_n <= kMaxGemmTiles, "grouped_gemm: ", p.groups, " groups of ",
+           order.tile_rows, " x ", order.tiles_n, " tiles are more than the ", kMaxGemmTiles, " supported");
+
+  DeviceGuard guard(device);
+  if (p.groups == 0 || p.capacity == 0 || p.n == 0) return;
+  int num_sms = 0;
+  IL_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  auto by_layout = [&](auto element) {
+    using Element = decltype(element);
+    if (p.k == 0) {
+      const dim3 grid(static_cast<unsigned>(p.groups), static_cast<unsigned>(std::min<int64_t>(p.capacity, 64)));
+      zero_rows_kernel<Element><<<grid, 256, 0, stream>>>(static_cast<Element*>(out.data), p.ldc, p.group_out, order,
+                                                          static_cast<int32_t>(p.n));
+      IL_CUDA_CHECK(cudaGetLastError());
+    } else if (p.b_k_major) {
+      launch<Element, true>(p, a, b, out, order, stream, num_sms);
+    } else {
+      launch<Element, false>(p, a, b, out, order, stream, num_sms);
+    }
+  };
+  p.dtype == GemmDtype::kBf16 ? by_layout(cutlass::bfloat16_t{}) : by_layout(cutlass::half_t{});
+}
+
+}  // namespace interlace
