@@ -136,7 +136,7 @@ def gemm(a, b, out, *, stream=None, band_m=0, tile_n=0, cluster_m=0, pingpong=Tr
             band_m=band_m, tile_n=tile_n, cluster_m=cluster_m, pingpong=pingpong)
 
 
-def grouped_gemm(a, b, out, rows, *, stream=None):
+def grouped_gemm(a, b, out, rows, *, stream=None, cluster_m=0):
     """G GEMMs in one launch, a mixture of experts' FFN matmul on the tokens each expert received:
     out[g, :rows[g]] = a[g, :rows[g]] @ b[g] for every group g. a is [G, C, K] (C rows per group, the
     capacity), b [G, K, N] with N or K contiguous (Linear weights w [G, N, K] go in as
@@ -144,14 +144,15 @@ def grouped_gemm(a, b, out, rows, *, stream=None):
     rows: int32 [G] on the GPU, the row count of each group, clamped to C; it is read by the kernel and
     never synced to the host, so the counts can come straight from a routing kernel. Rows of out at or
     past rows[g] are left as they are. Rows and group strides 16-byte aligned (K and N multiples of 8);
-    out may not overlap a, b or rows. Stream-ordered; raises interlace.Error before any GPU work on bad
-    arguments."""
+    out may not overlap a, b or rows. Stream-ordered and CUDA-graph capturable. Tiles are 128 x 128,
+    ping-pong; cluster_m, 1 or 2 (0: automatic, 2 where C > 128), is how many CTAs share each load of
+    b[g]. Raises interlace.Error before any GPU work on bad arguments."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: interlace.grouped_gemm writes into out")
     if stream is None:
         stream = _frameworks.current_stream(out, a, b)
     _C.grouped_gemm(_frameworks.as_dlpack(a), _frameworks.as_dlpack(b), _frameworks.as_dlpack(out),
-                    _frameworks.as_dlpack(rows), stream=stream)
+                    _frameworks.as_dlpack(rows), stream=stream, cluster_m=cluster_m)
 
 
 def _check_scale(op, softmax_scale):

@@ -130,6 +130,36 @@ def test_matches_fp32_reference_on_the_first_rows_of_each_group(g, c, k, n, dtyp
             check(out, ref, counts, f"G={g} C={c} K={k} N={n} {dtype} b {layout}, rows {pattern} {counts[:8]}")
 
 
+# Both compiled variants (one- and two-CTA clusters) on shapes where a cluster's second tile row lies
+# past a group's rows, past C, or both.
+TUNINGS = [dict(cluster_m=1), dict(cluster_m=2)]
+
+
+@pytest.mark.parametrize("tuning", TUNINGS, ids=lambda t: "-".join(f"{k}{v}" for k, v in t.items()))
+@pytest.mark.parametrize("g,c,k,n,dtype", [(3, 129, 1000, 136, BF16), (5, 300, 64, 520, FP16), (2, 640, 7168, 8, BF16)])
+def test_every_tile_and_cluster_variant(tuning, g, c, k, n, dtype):
+    seed = g * 7919 + c * 31 + k + n
+    a, w, ref = make(g, c, k, n, dtype, seed)
+    gen = torch.Generator().manual_seed(seed)
+    for layout, b in layouts(w).items():
+        for pattern in ROW_PATTERNS:
+            counts = row_counts(pattern, g, c, gen)
+            rows = torch.tensor(counts, dtype=torch.int32, device="cuda")
+            out = poisoned((g, c, n), dtype)
+            interlace.grouped_gemm(a, b, out, rows, **tuning)
+            check(out, ref, counts, f"{tuning} G={g} C={c} K={k} N={n} {dtype} b {layout}, rows {pattern} {counts}")
+
+
+def test_bad_tuning_raises():
+    a, w, _ = make(2, 64, 64, 64, BF16, 1)
+    rows = torch.full((2,), 64, dtype=torch.int32, device="cuda")
+    out = poisoned((2, 64, 64), BF16)
+    with pytest.raises(interlace.Error, match="cluster_m must be 0 .automatic., 1 or 2, got 3"):
+        interlace.grouped_gemm(a, w.transpose(1, 2), out, rows, cluster_m=3)
+    torch.cuda.synchronize()
+    assert bool((out.view(torch.int16) == -1).all()), "a refused call wrote into out"
+
+
 def test_strided_views():
     """a and out as views into bigger buffers: row strides past K and N, group strides past C rows;
     what lies outside the views is left alone."""

@@ -45,12 +45,11 @@ __global__ void zero_rows_kernel(Element* out, int64_t ldc, int64_t group_stride
   }
 }
 
-// Ping-pong consumers on 128 x 128 tiles, one-CTA clusters: a cluster's tile rows would share B
-// through multicast, which tile rows of different groups cannot.
-template <class Element, bool kBKMajor>
+// Ping-pong consumers on 128 x 128 tiles, the plain GEMM's default.
+template <class Element, bool kBKMajor, int kTileN, int kClusterM, bool kPingpong>
 void launch(const GroupedGemmProblem& p, const TensorView& a, const TensorView& b, const TensorView& out,
             const GroupedOrder::Params& order, cudaStream_t stream, int num_sms) {
-  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, 128, 1, true>;
+  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, kPingpong>;
   static_assert(Config::kTileM == GroupedOrder::kTileM, "the order counts the engine's tile rows");
   using Epilogue = GroupedStore<Element>;
   using Params = gemm_engine::GemmParams<Config, GroupedOrder, gemm_engine::NoInputWait, Epilogue>;
@@ -69,28 +68,32 @@ void launch(const GroupedGemmProblem& p, const TensorView& a, const TensorView& 
   params.k = static_cast<int32_t>(p.k);
   params.groups = static_cast<int32_t>(p.groups);
   params.order = order;
-  params.num_tiles = static_cast<int32_t>(p.groups * order.tile_rows * order.tiles_n);
+  params.num_tiles = static_cast<int32_t>(p.groups * order.tile_rows / kClusterM * order.tiles_n);
   params.epilogue = {static_cast<Element*>(out.data), p.ldc, p.group_out, order};
   // Every SM (no CTA waits for another, so more than fit would only queue): which positions hold
   // tiles is known only on the GPU.
-  gemm_engine::launch_kernel<Config>(kernel, params, std::min(params.num_tiles, num_sms), stream);
+  const int ctas = std::min(params.num_tiles, num_sms / kClusterM) * kClusterM;
+  gemm_engine::launch_kernel<Config>(kernel, params, ctas, stream);
 }
 
 }  // namespace
 
 void grouped_gemm(const TensorView& a, const TensorView& b, const TensorView& out, const TensorView& rows,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, GroupedGemmTuning tuning) {
   int device = 0;
   require_gpus();
   IL_CUDA_CHECK(cudaGetDevice(&device));
   if (a.device.device_type == kDLCUDA) device = a.device.device_id;
   const GroupedGemmProblem p = check_grouped_gemm_args(a, b, out, rows, device);
+  IL_CHECK(tuning.cluster_m == 0 || tuning.cluster_m == 1 || tuning.cluster_m == 2,
+           "grouped_gemm: cluster_m must be 0 (automatic), 1 or 2, got ", tuning.cluster_m);
   require_hopper(device, "grouped_gemm");
-  GroupedOrder::Params order;
-  order.rows = static_cast<const int32_t*>(rows.data);
-  order.capacity = static_cast<int32_t>(p.capacity);
-  order.tile_rows = static_cast<int32_t>((p.capacity + GroupedOrder::kTileM - 1) / GroupedOrder::kTileM);
-  order.tiles_n = static_cast<int32_t>((p.n + 127) / 128);
+  // Pairs of tile rows sharing each load of b[g] took the MoE shapes from 0.65-0.8x to about parity
+  // with cuBLAS (bench/results/NOTES.md); with a single tile row per group (C <= 128: decode) a pair's
+  // second CTA would only multiply zeros, at twice the time.
+  if (tuning.cluster_m == 0) tuning.cluster_m = p.capacity > GroupedOrder::kTileM ? 2 : 1;
+  const GroupedOrder::Params order =
+      GroupedOrder::make(static_cast<const int32_t*>(rows.data), p.capacity, p.n, tuning.cluster_m, 128);
   IL_CHECK(p.groups * order.tile_rows * order.tiles_n <= kMaxGemmTiles, "grouped_gemm: ", p.groups, " groups of ",
            order.tile_rows, " x ", order.tiles_n, " tiles are more than the ", kMaxGemmTiles, " supported");
 
@@ -98,6 +101,16 @@ void grouped_gemm(const TensorView& a, const TensorView& b, const TensorView& ou
   if (p.groups == 0 || p.capacity == 0 || p.n == 0) return;
   int num_sms = 0;
   IL_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  auto run = [&](auto element, auto b_k_major, auto cluster) {
+    using Element = decltype(element);
+    constexpr bool kBKMajor = decltype(b_k_major)::value;
+    constexpr int kClusterM = decltype(cluster)::value;
+    launch<Element, kBKMajor, 128, kClusterM, true>(p, a, b, out, order, stream, num_sms);
+  };
+  auto by_cluster = [&](auto element, auto b_k_major) {
+    tuning.cluster_m == 2 ? run(element, b_k_major, std::integral_constant<int, 2>{})
+                          : run(element, b_k_major, std::integral_constant<int, 1>{});
+  };
   auto by_layout = [&](auto element) {
     using Element = decltype(element);
     if (p.k == 0) {
@@ -105,10 +118,8 @@ void grouped_gemm(const TensorView& a, const TensorView& b, const TensorView& ou
       zero_rows_kernel<Element><<<grid, 256, 0, stream>>>(static_cast<Element*>(out.data), p.ldc, p.group_out, order,
                                                           static_cast<int32_t>(p.n));
       IL_CUDA_CHECK(cudaGetLastError());
-    } else if (p.b_k_major) {
-      launch<Element, true>(p, a, b, out, order, stream, num_sms);
     } else {
-      launch<Element, false>(p, a, b, out, order, stream, num_sms);
+      p.b_k_major ? by_cluster(element, std::true_type{}) : by_cluster(element, std::false_type{});
     }
   };
   p.dtype == GemmDtype::kBf16 ? by_layout(cutlass::bfloat16_t{}) : by_layout(cutlass::half_t{});

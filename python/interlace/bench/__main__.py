@@ -25,7 +25,8 @@ flags.DEFINE_integer("warmup", 0, "untimed launches before timing (0: the op's d
 flags.DEFINE_integer("iters", 0, "timed launches; the median is reported (0: the op's default)")
 flags.DEFINE_list("tunings", [], "interlace settings to time besides the automatic ones; all_gather, "
                   "reduce_scatter, all_reduce: num_blocks:chunk_bytes, gemm: band_m:tile_n:cluster_m, ag_gemm: "
-                  "copy_blocks:chunk_rows[:path], gemm_rs and gemm_ar: reduce_ctas:tile_n:band_m:pingpong[:round_m]")
+                  "copy_blocks:chunk_rows[:path], gemm_rs and gemm_ar: reduce_ctas:tile_n:band_m:pingpong[:round_m], "
+                  "grouped_gemm: cluster_m")
 flags.DEFINE_integer("timeout_s", 900, "give up on the run after this long")
 
 # op -> (worker module, whether it runs one process per GPU or a single one)

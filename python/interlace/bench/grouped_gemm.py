@@ -26,7 +26,7 @@ flags.DEFINE_integer("warmup", 3, "")
 flags.DEFINE_integer("iters", 10, "")
 flags.DEFINE_string("command", "", "")
 flags.DEFINE_list("sizes", [], "config names (default: all of them)")
-flags.DEFINE_list("tunings", [], "unused by grouped_gemm")
+flags.DEFINE_list("tunings", [], "cluster_m values to time besides the automatic one (0)")
 
 # (name, G, C, K, N): GEMM1 is the gate and up projections side by side (N = 2 x the FFN width),
 # GEMM2 the down projection.
@@ -38,7 +38,7 @@ CONFIGS = [
     ("decode", 32, 16, 7168, 4096),          # decode: a few tokens per expert
 ]
 COUNTS = ("random", "full")
-METHODS = ("interlace", "grouped_mm", "bmm_padded", "host_loop")
+BASELINES = ("grouped_mm", "bmm_padded", "host_loop")
 DTYPE = torch.bfloat16
 NOTES = {
     "interlace": "interlace.grouped_gemm(a [G, C, K], w.transpose(1, 2), out [G, C, N], rows int32 [G] on the GPU)",
@@ -63,11 +63,23 @@ def poison(out):
     out.view(torch.int16).fill_(-1)  # all bits set: NaN in bf16
 
 
-def check_interlace(a, b, out, rows, counts, ref, what):
+def tunings():
+    """{label: grouped_gemm keyword arguments}: the automatic settings as "interlace", then each
+    cluster_m of --tunings as "interlace[cluster_m]" ("0:0", what the launcher always passes first, is
+    the automatic one)."""
+    out = {"interlace": {}}
+    for t in FLAGS.tunings:
+        cluster_m = int(t.split(":")[0])
+        if cluster_m:
+            out[f"interlace[cluster_m={cluster_m}]"] = {"cluster_m": cluster_m}
+    return out
+
+
+def check_interlace(a, b, out, rows, counts, ref, what, tuning):
     """Runs interlace once into a poisoned out; raises SystemExit unless rows below r_g match ref and
     rows past it are untouched. Returns the relative error on the valid rows."""
     poison(out)
-    interlace.grouped_gemm(a, b, out, rows)
+    interlace.grouped_gemm(a, b, out, rows, **tuning)
     torch.cuda.synchronize()
     valid = valid_mask(counts, out.shape[1])
     touched = int((~(out.view(torch.int16) == -1).all(dim=2) & ~valid).sum())
@@ -122,7 +134,9 @@ def run_config(name, g, c, k, n, seed):
         useful = sum(counts)
         flop = 2.0 * useful * n * k
         what = f"{name} ({kind} counts)"
-        err = check_interlace(a, b, out, rows, counts, ref, what)
+        variants = tunings()
+        errors = {label: check_interlace(a, b, out, rows, counts, ref, f"{what} {label}", tuning)
+                  for label, tuning in variants.items()}
         valid = valid_mask(counts, c)
         ref_valid = ref[valid]  # [sum r_g, N], groups in order
 
@@ -132,10 +146,9 @@ def run_config(name, g, c, k, n, seed):
             for x, y, o in loop_views:
                 torch.matmul(x, y, out=o)
 
-        methods = {"interlace": lambda: interlace.grouped_gemm(a, b, out, rows),
-                   "bmm_padded": lambda: torch.bmm(a, b, out=out_bmm),
-                   "host_loop": host_loop}
-        errors = {"interlace": err}
+        methods = {label: (lambda t=tuning: interlace.grouped_gemm(a, b, out, rows, **t))
+                   for label, tuning in variants.items()}
+        methods.update({"bmm_padded": lambda: torch.bmm(a, b, out=out_bmm), "host_loop": host_loop})
         gmm, why = grouped_mm_baseline(a, b, counts)
         if gmm is not None:
             errors["grouped_mm"] = common.relative_error(gmm(), ref_valid)
@@ -147,21 +160,21 @@ def run_config(name, g, c, k, n, seed):
         torch.cuda.synchronize()
         errors["bmm_padded"] = common.relative_error(out_bmm[valid], ref_valid)
         errors["host_loop"] = common.relative_error(out_loop[valid], ref_valid)
-        for label in [m for m in methods if m != "interlace" and not errors[m] <= 1e-2]:
+        for label in [m for m in methods if m in BASELINES and not errors[m] <= 1e-2]:
             skipped[label] = f"{what}: relative error {errors[label]:.2e} against fp32, not timed"
             del methods[label]
 
         row = {"config": name, "counts": kind, "g": g, "c": c, "k": k, "n": n, "useful_rows": useful,
                "row_counts": counts, "rel_err": errors}
-        order = {m: methods[m] for m in METHODS if m in methods}
+        order = {m: methods[m] for m in list(variants) + list(BASELINES) if m in methods}
         for label, ms in common.time_interleaved(order, FLAGS.warmup, FLAGS.iters).items():
             row[label] = {"ms": ms, "tflops": flop / ms / 1e9}
-        baselines = [row[m]["tflops"] for m in METHODS[1:] if m in row]
+        baselines = [row[m]["tflops"] for m in BASELINES if m in row]
         if baselines:
             row["interlace_vs_best_baseline"] = row["interlace"]["tflops"] / max(baselines)
         rows_out.append(row)
         print(f"{name:14} {kind:6} " + "  ".join(f"{m} {row[m]['ms']:.3f} ms {row[m]['tflops']:.0f} TF/s"
-                                                for m in METHODS if m in row), flush=True)
+                                                for m in order if m in row), flush=True)
     return rows_out, skipped
 
 
@@ -186,7 +199,7 @@ def main(_):
 def report(rows, skipped):
     env = common.environment(FLAGS.command, distributed=False)
     name = f"grouped_gemm_{env['gpu'].replace(' ', '_')}"
-    methods = [m for m in METHODS if any(m in r for r in rows)]
+    methods = list(tunings()) + [m for m in BASELINES if any(m in r for r in rows)]
 
     def plot(path):
         import matplotlib
