@@ -116,9 +116,7 @@ def check(out, ref, counts, what, tol=1e-2):
                                      f"{int(has.nonzero()[worst])} (count {counts[int(has.nonzero()[worst])]})")
 
 
-@pytest.mark.parametrize("g,c,k,n,dtype", SHAPES)
-def test_matches_fp32_reference_on_the_first_rows_of_each_group(g, c, k, n, dtype):
-    seed = g * 1_000_003 + c * 10_007 + k * 101 + n
+def check_every_layout_and_row_pattern(g, c, k, n, dtype, seed, **tuning):
     a, w, ref = make(g, c, k, n, dtype, seed)
     gen = torch.Generator().manual_seed(seed)
     for layout, b in layouts(w).items():
@@ -126,8 +124,14 @@ def test_matches_fp32_reference_on_the_first_rows_of_each_group(g, c, k, n, dtyp
             counts = row_counts(pattern, g, c, gen)
             rows = torch.tensor(counts, dtype=torch.int32, device="cuda")
             out = poisoned((g, c, n), dtype)
-            interlace.grouped_gemm(a, b, out, rows)
-            check(out, ref, counts, f"G={g} C={c} K={k} N={n} {dtype} b {layout}, rows {pattern} {counts[:8]}")
+            interlace.grouped_gemm(a, b, out, rows, **tuning)
+            check(out, ref, counts,
+                  f"{tuning} G={g} C={c} K={k} N={n} {dtype} b {layout}, rows {pattern} {counts[:8]}")
+
+
+@pytest.mark.parametrize("g,c,k,n,dtype", SHAPES)
+def test_matches_fp32_reference_on_the_first_rows_of_each_group(g, c, k, n, dtype):
+    check_every_layout_and_row_pattern(g, c, k, n, dtype, seed=g * 1_000_003 + c * 10_007 + k * 101 + n)
 
 
 # Both compiled variants (one- and two-CTA clusters) on shapes where a cluster's second tile row lies
@@ -137,17 +141,8 @@ TUNINGS = [dict(cluster_m=1), dict(cluster_m=2)]
 
 @pytest.mark.parametrize("tuning", TUNINGS, ids=lambda t: "-".join(f"{k}{v}" for k, v in t.items()))
 @pytest.mark.parametrize("g,c,k,n,dtype", [(3, 129, 1000, 136, BF16), (5, 300, 64, 520, FP16), (2, 640, 7168, 8, BF16)])
-def test_every_tile_and_cluster_variant(tuning, g, c, k, n, dtype):
-    seed = g * 7919 + c * 31 + k + n
-    a, w, ref = make(g, c, k, n, dtype, seed)
-    gen = torch.Generator().manual_seed(seed)
-    for layout, b in layouts(w).items():
-        for pattern in ROW_PATTERNS:
-            counts = row_counts(pattern, g, c, gen)
-            rows = torch.tensor(counts, dtype=torch.int32, device="cuda")
-            out = poisoned((g, c, n), dtype)
-            interlace.grouped_gemm(a, b, out, rows, **tuning)
-            check(out, ref, counts, f"{tuning} G={g} C={c} K={k} N={n} {dtype} b {layout}, rows {pattern} {counts}")
+def test_every_cluster_variant(tuning, g, c, k, n, dtype):
+    check_every_layout_and_row_pattern(g, c, k, n, dtype, seed=g * 7919 + c * 31 + k + n, **tuning)
 
 
 def test_bad_tuning_raises():
