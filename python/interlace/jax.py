@@ -12,6 +12,7 @@ in the symmetric heap, so all_gather takes its staged path and all_reduce its no
     s = interlace.jax.reduce_scatter(x, group)      # [rows / world, ...], summed over ranks
     t = interlace.jax.all_reduce(x, group)          # x's shape, summed over ranks
     c = interlace.jax.gemm(a, b)                    # a @ b
+    h = interlace.jax.grouped_gemm(x, w, rows)      # h[g, :rows[g]] = x[g, :rows[g]] @ w[g], the rest zeros
     z = interlace.jax.ag_gemm(x, w, group)          # all_gather(x) @ w in one launch
     moe = interlace.jax.MoeBuffers(group, num_experts=64, topk=2, hidden=4096, max_tokens=512, capacity=1024)
     ex, starts, rows = interlace.jax.moe_dispatch(x, topk_idx, topk_weights, moe)  # per expert: rows of ex
@@ -37,9 +38,9 @@ from interlace import _interlace as _C
 from interlace._group import native as _native
 
 # The custom-call target names; the handlers register under these for platform "CUDA".
-TARGETS = ("interlace_all_gather", "interlace_gemm", "interlace_ag_gemm", "interlace_gemm_rs", "interlace_gemm_ar",
-           "interlace_reduce_scatter", "interlace_all_reduce", "interlace_moe_dispatch", "interlace_moe_combine",
-           "interlace_attention", "interlace_ring_attention")
+TARGETS = ("interlace_all_gather", "interlace_gemm", "interlace_grouped_gemm", "interlace_ag_gemm",
+           "interlace_gemm_rs", "interlace_gemm_ar", "interlace_reduce_scatter", "interlace_all_reduce",
+           "interlace_moe_dispatch", "interlace_moe_combine", "interlace_attention", "interlace_ring_attention")
 
 # all_reduce's algorithm names, as interlace.all_reduce takes them (ReduceAlgorithm's values).
 _REDUCE_ALGORITHMS = {"auto": 0, "one_shot": 2, "two_shot": 3}
@@ -111,6 +112,28 @@ def gemm(a, b, *, band_m=0, tile_n=0, cluster_m=0, pingpong=True) -> "_jax.Array
     call = _jax.ffi.ffi_call("interlace_gemm", _jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), a.dtype))
     return call(a, b, band_m=_np.int64(band_m), tile_n=_np.int64(tile_n), cluster_m=_np.int64(cluster_m),
                 pingpong=_np.int64(bool(pingpong)))
+
+
+def grouped_gemm(a, b, rows, *, cluster_m=0) -> "_jax.Array":
+    """G GEMMs in one launch (see interlace.grouped_gemm): out[g, :r_g] = a[g, :r_g] @ b[g] with
+    r_g = min(rows[g], C) read on the GPU (no host sync), a [G, C, K], b [G, K, N], rows int32 [G];
+    out is [G, C, N] in a's dtype (bf16 or fp16, fp32 accumulation; K and N multiples of 8). Rows of
+    out at or past r_g are zeros: the handler zero-fills out (a cudaMemsetAsync on XLA's stream, out's
+    bytes) before the kernel, which writes only the first r_g rows of each group. b is row-major as
+    every XLA buffer: Linear weights w [G, N, K] go in as jnp.swapaxes(w, 1, 2), which XLA transposes.
+    cluster_m as in interlace.grouped_gemm."""
+    _register()
+    if a.ndim != 3 or b.ndim != 3 or rows.ndim != 1:
+        raise ValueError(f"interlace.jax.grouped_gemm: a and b must be 3-D and rows 1-D, got shapes {a.shape}, "
+                         f"{b.shape} and {rows.shape}")
+    if b.shape[0] != a.shape[0] or b.shape[1] != a.shape[2] or rows.shape[0] != a.shape[0]:
+        raise ValueError(f"interlace.jax.grouped_gemm: a {tuple(a.shape)}, b {tuple(b.shape)} and rows "
+                         f"{tuple(rows.shape)} are not [G, C, K], [G, K, N] and [G]")
+    if rows.dtype != _jnp.int32:
+        raise ValueError(f"interlace.jax.grouped_gemm: rows must be int32, got {rows.dtype}")
+    call = _jax.ffi.ffi_call("interlace_grouped_gemm",
+                             _jax.ShapeDtypeStruct((a.shape[0], a.shape[1], b.shape[2]), a.dtype))
+    return call(a, b, rows, cluster_m=_np.int64(cluster_m))
 
 
 def gemm_rs(a, b, group, *, shard_rows=None, band_m=0, tile_n=0, pingpong=True, reduce_ctas=0) -> "_jax.Array":

@@ -6,6 +6,7 @@ models that call them, and CUDA graphs (mode="reduce-overhead") replay them.
     y = itorch.all_gather(x, group)          # functional: a new tensor
     itorch.all_gather(x, group, out=buf)     # into buf
     c = itorch.gemm(a, b)                    # a @ b on interlace's engine
+    h = itorch.grouped_gemm(x, w.transpose(1, 2), rows)  # h[g, :rows[g]] = x[g, :rows[g]] @ w[g].t(), rest 0
     y = itorch.ag_gemm(x, w.t(), group)      # all_gather(x) @ w.t() in one launch
     s = itorch.all_reduce(x, group)          # also itorch.reduce_scatter(x, group)
     y = itorch.gemm_rs(x, w.t(), group)      # this rank's rows of sum(x @ w.t()); gemm_ar: all rows
@@ -132,6 +133,45 @@ def _(a, b):
     _torch._check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0],
                   lambda: f"interlace.gemm: a {tuple(a.shape)} and b {tuple(b.shape)} do not multiply")
     return a.new_empty((a.shape[0], b.shape[1]))
+
+
+def _grouped_gemm_shape(a, b, rows):
+    """out's shape [G, C, N] for a [G, C, K], b [G, K, N] and rows int32 [G]."""
+    _torch._check(a.dim() == 3 and b.dim() == 3 and a.shape[0] == b.shape[0] and a.shape[2] == b.shape[1],
+                  lambda: f"interlace.grouped_gemm: a {tuple(a.shape)} and b {tuple(b.shape)} are not [G, C, K] and "
+                          "[G, K, N]")
+    _torch._check(rows.dim() == 1 and rows.shape[0] == a.shape[0] and rows.dtype == _torch.int32,
+                  lambda: f"interlace.grouped_gemm: rows ({tuple(rows.shape)}, {rows.dtype}) is not int32 "
+                          f"[{a.shape[0]}], a row count per group")
+    return (a.shape[0], a.shape[1], b.shape[2])
+
+
+@_torch.library.custom_op("interlace::grouped_gemm_into", mutates_args=("out",), device_types="cuda")
+def _grouped_gemm_into(out: _torch.Tensor, a: _torch.Tensor, b: _torch.Tensor, rows: _torch.Tensor,
+                       cluster_m: int) -> None:
+    _interlace.grouped_gemm(a, b, out, rows, cluster_m=cluster_m)
+
+
+@_grouped_gemm_into.register_fake
+def _(out, a, b, rows, cluster_m):
+    shape = _grouped_gemm_shape(a, b, rows)
+    _torch._check(out.dim() == 3 and tuple(out.shape) == shape,
+                  lambda: f"interlace.grouped_gemm: out {tuple(out.shape)} is not [G, C, N] = {shape}")
+    return None
+
+
+# The functional form's out starts as zeros: rows at or past rows[g] (which the kernel never writes)
+# are zeros, not whatever the allocator left there. That costs a memset of out before the kernel.
+@_torch.library.custom_op("interlace::grouped_gemm", mutates_args=(), device_types="cuda")
+def _grouped_gemm(a: _torch.Tensor, b: _torch.Tensor, rows: _torch.Tensor, cluster_m: int) -> _torch.Tensor:
+    out = a.new_zeros(_grouped_gemm_shape(a, b, rows))
+    _interlace.grouped_gemm(a, b, out, rows, cluster_m=cluster_m)
+    return out
+
+
+@_grouped_gemm.register_fake
+def _(a, b, rows, cluster_m):
+    return a.new_empty(_grouped_gemm_shape(a, b, rows))
 
 
 def _ag_gemm_rows(a_shard, shard_rows, world_size):
@@ -442,6 +482,20 @@ def gemm(a: _torch.Tensor, b: _torch.Tensor, *, out: _torch.Tensor = None) -> _t
     if out is None:
         return _torch.ops.interlace.gemm(a, b)
     _torch.ops.interlace.gemm_into(out, a, b)
+    return out
+
+
+def grouped_gemm(a: _torch.Tensor, b: _torch.Tensor, rows: _torch.Tensor, *, cluster_m: int = 0,
+                 out: _torch.Tensor = None) -> _torch.Tensor:
+    """G GEMMs in one launch, out[g, :r_g] = a[g, :r_g] @ b[g] with r_g = min(rows[g], C) read on the
+    GPU (see interlace.grouped_gemm): a [G, C, K], b [G, K, N] (Linear weights w [G, N, K] as
+    w.transpose(1, 2)), rows int32 [G] on the GPU. As torch.ops.interlace.grouped_gemm, a new
+    [G, C, N] tensor whose rows at or past r_g are zeros (it is zero-filled before the kernel runs, a
+    memset of out's bytes); or, with out=, torch.ops.interlace.grouped_gemm_into (returns out), which
+    leaves those rows of out as they were. cluster_m as in interlace.grouped_gemm. No autograd (as gemm)."""
+    if out is None:
+        return _torch.ops.interlace.grouped_gemm(a, b, rows, cluster_m)
+    _torch.ops.interlace.grouped_gemm_into(out, a, b, rows, cluster_m)
     return out
 
 

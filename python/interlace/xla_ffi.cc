@@ -23,6 +23,8 @@
 
 #include "interlace/api/interlace.h"
 #include "interlace/base/cuda.h"
+#include "interlace/gemm/grouped_args.h"
+#include "interlace/gemm/grouped_gemm.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace nb = nanobind;
@@ -136,6 +138,27 @@ ffi::Error gemm_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi:
   return guarded([&] {
     gemm(view_of(a, device), view_of(b, device), view_of(*out, device), stream,
          GemmTuning{static_cast<int>(band_m), static_cast<int>(tile_n), static_cast<int>(cluster_m), pingpong != 0});
+  });
+}
+
+// out is XLA's new buffer and the kernel writes only the first min(rows[g], C) rows of each group, so
+// the rest is defined here: out is zero-filled on XLA's stream before the kernel (a memset of all of
+// out's bytes, stream-ordered, capturable). The arguments, cluster_m and the GPU are checked first, so
+// that a call refused does no GPU work (bar grouped_gemm's bound of 2^30 tiles, past any real shape).
+ffi::Error grouped_gemm_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                             ffi::AnyBuffer rows, ffi::Result<ffi::AnyBuffer> out, int64_t cluster_m) {
+  return guarded([&] {
+    const TensorView va = view_of(a, device), vb = view_of(b, device), vr = view_of(rows, device);
+    const TensorView vo = view_of(*out, device);
+    check_grouped_gemm_args(va, vb, vo, vr, device);
+    IL_CHECK(cluster_m >= 0 && cluster_m <= 2, "grouped_gemm: cluster_m must be 0 (automatic), 1 or 2, got ",
+             cluster_m);
+    require_hopper(device, "grouped_gemm");
+    if (out->size_bytes() > 0) {
+      DeviceGuard guard(device);
+      IL_CUDA_CHECK(cudaMemsetAsync(out->untyped_data(), 0, out->size_bytes(), stream));
+    }
+    grouped_gemm(va, vb, vo, vr, stream, GroupedGemmTuning{static_cast<int>(cluster_m)});
   });
 }
 
@@ -296,6 +319,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_gemm, interlace::gemm_impl,
                                   .Attr<int64_t>("cluster_m")
                                   .Attr<int64_t>("pingpong"));
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_grouped_gemm, interlace::grouped_gemm_impl,
+                              bind_on_stream()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("cluster_m"));
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_ag_gemm, interlace::ag_gemm_impl,
                               bind_on_stream()
                                   .Arg<xla::ffi::AnyBuffer>()
@@ -377,6 +408,7 @@ void register_xla_ffi(nb::module_& m) {
     nb::dict d;
     d["interlace_all_gather"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_all_gather));
     d["interlace_gemm"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_gemm));
+    d["interlace_grouped_gemm"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_grouped_gemm));
     d["interlace_ag_gemm"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_ag_gemm));
     d["interlace_gemm_rs"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_gemm_rs));
     d["interlace_gemm_ar"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_gemm_ar));
