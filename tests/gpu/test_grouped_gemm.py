@@ -155,6 +155,19 @@ def test_bad_tuning_raises():
     assert bool((out.view(torch.int16) == -1).all()), "a refused call wrote into out"
 
 
+def test_one_group_of_views_whose_group_stride_is_unused():
+    """G = 1 from unsqueeze(0) of 2-D tensors: torch gives w.t().unsqueeze(0) the group stride K (not
+    C * K), which a single group never uses."""
+    c, k, n = 200, 264, 136
+    x = torch.randn(c, k, device="cuda", dtype=BF16)
+    w = torch.randn(n, k, device="cuda", dtype=BF16)
+    a, b = x.unsqueeze(0), w.t().unsqueeze(0)
+    counts = [150]
+    out = poisoned((1, c, n), BF16)
+    interlace.grouped_gemm(a, b, out, torch.tensor(counts, dtype=torch.int32, device="cuda"))
+    check(out, reference(a, b), counts, "one group of unsqueezed views")
+
+
 def test_strided_views():
     """a and out as views into bigger buffers: row strides past K and N, group strides past C rows;
     what lies outside the views is left alone."""

@@ -96,7 +96,12 @@ PADDED_A = f16(4, 80, 40)  # capacity 80, rows of 40: a [4, 64, 32] view with pa
     (PADDED_A[:, :64, :32], f16(4, 32, 24)[:, :, :16], f16(4, 72, 24)[:, :64, :16], (4, 64, 16, 32, False)),
     (f16(4, 64, 32), f16(4, 24, 40)[:, :16, :32].transpose(0, 2, 1), f16(4, 64, 16), (4, 64, 16, 32, True)),
     (f16(1, 8, 8), f16(1, 8, 8), f16(1, 8, 8), (1, 8, 8, 8, False)),
-], ids=["b_n_contiguous", "b_k_contiguous", "padded_rows_and_groups", "b_k_contiguous_padded", "one_group"])
+    # One group: its stride is never used, so any passes, e.g. torch's w.t().unsqueeze(0) of a Linear
+    # weight [N, K] = [16, 32] (strides (K, 1, K)), or a stride of 0 or one not 16-byte aligned.
+    (strided((1, 64, 32), (3, 32, 1)), strided((1, 32, 16), (32, 1, 32)), strided((1, 64, 16), (0, 16, 1)),
+     (1, 64, 16, 32, True)),
+], ids=["b_n_contiguous", "b_k_contiguous", "padded_rows_and_groups", "b_k_contiguous_padded", "one_group",
+        "one_group_any_group_strides"])
 def test_valid_layouts_pass_and_return_g_c_n_k_and_b_k_major(a, b, out, expected):
     assert check_on_gpu(a, b, out, counts(a.shape[0])) == expected
 

@@ -18,14 +18,16 @@ bool is(const DLDataType& t, uint8_t code, uint8_t bits) { return t.code == code
 // `rows` rows of `row_len` elements `ld` apart, groups `group` apart. TMA takes strides below 2^40
 // bytes and multiples of 16 bytes; rows and groups must not overlap, or a GEMM's operand would be
 // another group's (and two CTAs would store the same bytes of out). The group bound counts whole
-// strided rows (rows * ld), padding included.
+// strided rows (rows * ld), padding included. A single group's stride is never used (the kernel then
+// gets 0, as the plain GEMM's batch stride), so it is not checked: w.t().unsqueeze(0) passes.
 void check_strides(const char* name, int64_t ld, int64_t row_len, const char* row_len_name, int64_t group,
-                   int64_t rows, const char* rows_name) {
+                   int64_t groups, int64_t rows, const char* rows_name) {
   IL_CHECK(ld >= row_len, "grouped_gemm: ", name, "'s rows overlap (row stride ", ld, " < ", row_len_name, " = ",
            row_len, ")");
   IL_CHECK(ld < kMaxGemmRowStride, "grouped_gemm: ", name, "'s row stride ", ld, " is beyond TMA's 2^40-byte limit");
   IL_CHECK(ld % 8 == 0, "grouped_gemm: ", name, "'s rows must be 16-byte aligned (", row_len_name,
            " a multiple of 8); row stride ", ld);
+  if (groups == 1) return;
   IL_CHECK(group < kMaxGemmRowStride, "grouped_gemm: ", name, "'s group stride ", group,
            " is beyond TMA's 2^40-byte limit");
   // rows * ld is below 2^70 here (ld < 2^39, rows <= kMaxGemmDim): in 128 bits.
@@ -78,8 +80,8 @@ GroupedGemmProblem check_grouped_gemm_args(const TensorView& a, const TensorView
   if (a_has) {
     IL_CHECK(stride_of(a, 2) == 1 || p.k == 1, "grouped_gemm: a's rows must be K-contiguous (a[g] row-major)");
     p.lda = stride_of(a, 1);
-    p.group_a = stride_of(a, 0);
-    check_strides("a", p.lda, p.k, "K", p.group_a, p.capacity, "C");
+    p.group_a = p.groups == 1 ? 0 : stride_of(a, 0);
+    check_strides("a", p.lda, p.k, "K", p.group_a, p.groups, p.capacity, "C");
     // TMA reads rows that start on 16-byte boundaries: the base, and the strides checked above.
     IL_CHECK(aligned16(a.data), "grouped_gemm: a must start 16-byte aligned");
   }
@@ -94,20 +96,20 @@ GroupedGemmProblem check_grouped_gemm_args(const TensorView& a, const TensorView
       IL_FAIL("grouped_gemm: b must be [G, K, N] with N or K contiguous (w.transpose(1, 2) of Linear weights ",
               "[G, N, K]); its strides are neither");
     }
-    p.group_b = stride_of(b, 0);
+    p.group_b = p.groups == 1 ? 0 : stride_of(b, 0);
     if (p.b_k_major) {
-      check_strides("b", p.ldb, p.k, "K", p.group_b, p.n, "N");
+      check_strides("b", p.ldb, p.k, "K", p.group_b, p.groups, p.n, "N");
     } else {
-      check_strides("b", p.ldb, p.n, "N", p.group_b, p.k, "K");
+      check_strides("b", p.ldb, p.n, "N", p.group_b, p.groups, p.k, "K");
     }
     IL_CHECK(aligned16(b.data), "grouped_gemm: b must start 16-byte aligned");
   }
   if (out_has) {
     IL_CHECK(stride_of(out, 2) == 1 || p.n == 1, "grouped_gemm: out's rows must be N-contiguous (out[g] row-major)");
     p.ldc = stride_of(out, 1);
-    p.group_out = stride_of(out, 0);
+    p.group_out = p.groups == 1 ? 0 : stride_of(out, 0);
     // The epilogue stores pairs of elements and TMA-aligned rows; the zeros for K = 0 too.
-    check_strides("out", p.ldc, p.n, "N", p.group_out, p.capacity, "C");
+    check_strides("out", p.ldc, p.n, "N", p.group_out, p.groups, p.capacity, "C");
     IL_CHECK(aligned16(out.data), "grouped_gemm: out must start 16-byte aligned");
   }
   if (p.groups > 0) {

@@ -22,10 +22,11 @@ struct GroupedGemmProblem {
 
 // a: [G, C, K], rows K-contiguous; b: [G, K, N], N-contiguous or K-contiguous (w.transpose(1, 2) of
 // Linear weights [G, N, K]); out: [G, C, N], rows N-contiguous; rows: int32 [G], contiguous, read on
-// the GPU (a row count per group, which may be anything from 0 up: the kernel clamps it to C). bf16
+// the GPU (a row count per group, any int32: the kernel clamps it to [0, C]). bf16
 // or fp16, a, b and out alike, all on CUDA `device`. TMA's rules: every base address and every
-// stride but the contiguous one 16-byte aligned. Dimensions up to kMaxGemmDim, strides below
-// kMaxGemmRowStride. out may not overlap a, b or rows. Raises interlace::Error naming the tensor.
+// stride but the contiguous one 16-byte aligned (group strides only where G > 1: one group's is
+// never used, and comes back 0). Dimensions up to kMaxGemmDim, strides below kMaxGemmRowStride. out
+// may not overlap a, b or rows. Raises interlace::Error naming the tensor.
 GroupedGemmProblem check_grouped_gemm_args(const TensorView& a, const TensorView& b, const TensorView& out,
                                            const TensorView& rows, int device);
 

@@ -182,10 +182,10 @@ std::string Group::describe_abort() {
     if (code == FaultCode::kTimeout) {
       device = concat(where, " and timed out after ", f.waited_ns / 1e9, " s: expected >= ", f.expected, ", saw ",
                       f.seen, ". That peer is stuck, or not calling the same op");
-      // The loopback's proxy makes CUDA calls, which a lazy kernel load beside the op holds up.
-      if (cross_node_ && cross_node_->backend() == CrossNodeBackend::kLoopback) {
-        device += " (or its loopback proxy waits behind a kernel CUDA is loading lazily: if this program starts "
-                  "kernels beside ops across nodes, run it with CUDA_MODULE_LOADING=EAGER)";
+      // The loopback and SRD proxies make CUDA calls, which a lazy kernel load beside the op holds up.
+      if (cross_node_ && cross_node_->backend() != CrossNodeBackend::kRc) {
+        device += " (or its proxy waits behind a kernel CUDA is loading lazily: if this program starts kernels "
+                  "beside ops across nodes, run it with CUDA_MODULE_LOADING=EAGER)";
       }
     } else if (code == FaultCode::kMismatch) {
       device = concat(where, " and found another op or other arguments there (op #", f.expected >> kSignatureBits,

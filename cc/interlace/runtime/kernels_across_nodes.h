@@ -5,8 +5,9 @@
 // proxy thread, whose CUDA calls (the loopback backend's copies and flag writes) wait behind that
 // load in turn. Two calls queued back to back, the second's kernel not yet loaded, then never finish
 // (seen on two H200s: reduce_scatter then all_reduce, both ranks stuck at their first flag). Loading
-// every such kernel before any of them runs takes interlace's own loads out of the way; a caller's
-// kernel loaded lazily beside a loopback op can still stall it (README, running across nodes).
+// every such kernel before any of them runs takes the loads of a group of several nodes out of the
+// way; any other kernel loaded lazily beside its ops (another group's, a plain gemm's, the caller's)
+// can still stall them on the loopback and SRD backends (README, running across nodes).
 #pragma once
 
 #include <initializer_list>

@@ -22,7 +22,8 @@ __global__ void cancel_kernel(const __grid_constant__ device::NvlinkTransport t,
 }
 
 // Issued beside kernels across nodes when a call fails its checks.
-const bool kCancelRegistered = register_kernels_across_nodes({reinterpret_cast<const void*>(cancel_kernel)});
+[[maybe_unused]] const bool kCancelRegistered =
+    register_kernels_across_nodes({reinterpret_cast<const void*>(cancel_kernel)});
 
 }  // namespace
 

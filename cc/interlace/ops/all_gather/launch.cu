@@ -14,7 +14,8 @@ namespace {
 
 using Kernel = void (*)(AllGatherParams<device::NvlinkTransport>);
 constexpr Kernel kKernel = all_gather_kernel<device::NvlinkTransport>;
-const bool kHierKernelRegistered = register_kernels_across_nodes({reinterpret_cast<const void*>(hier_all_gather_kernel)});
+[[maybe_unused]] const bool kHierKernelRegistered =
+    register_kernels_across_nodes({reinterpret_cast<const void*>(hier_all_gather_kernel)});
 
 // A group of several nodes: hier_kernel.cuh.
 void all_gather_across_nodes(Group& group, const TensorView& out, const TensorView& inp, cudaStream_t stream,

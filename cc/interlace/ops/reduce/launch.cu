@@ -57,7 +57,7 @@ NodesKernel nodes_kernel_for(const DLDataType& dtype) {
   return nodes_reduce_kernel<float, kOp>;
 }
 
-const bool kNodesKernelsRegistered = register_kernels_across_nodes({
+[[maybe_unused]] const bool kNodesKernelsRegistered = register_kernels_across_nodes({
     reinterpret_cast<const void*>(nodes_reduce_kernel<__nv_bfloat16, OpId::kReduceScatter>),
     reinterpret_cast<const void*>(nodes_reduce_kernel<__half, OpId::kReduceScatter>),
     reinterpret_cast<const void*>(nodes_reduce_kernel<float, OpId::kReduceScatter>),
