@@ -37,7 +37,9 @@ CONFIGS = [
     ("mixtral_gemm2", 4, 4096, 14336, 4096),
     ("decode", 32, 16, 7168, 4096),          # decode: a few tokens per expert
 ]
-COUNTS = ("random", "full")
+# random: about 0.8 C per group; full: C; sparse: about C / 8, as when C is sized for the worst
+# routing and most experts get far fewer tokens.
+COUNTS = ("random", "full", "sparse")
 BASELINES = ("grouped_mm", "bmm_padded", "host_loop")
 DTYPE = torch.bfloat16
 NOTES = {
@@ -55,7 +57,8 @@ def row_counts(kind, g, c, seed):
     if kind == "full":
         return [c] * g
     gen = torch.Generator().manual_seed(seed)
-    counts = torch.normal(0.8 * c, 0.1 * c, (g,), generator=gen).round().clamp(0, c)
+    mean = 0.125 if kind == "sparse" else 0.8
+    counts = torch.normal(mean * c, 0.1 * mean * c, (g,), generator=gen).round().clamp(0, c)
     return [int(x) for x in counts]
 
 
