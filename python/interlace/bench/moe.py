@@ -18,8 +18,12 @@ bit, and its combine against the baseline's (relative error). Then, in the same 
 and at decode sizes, per call under CUDA-graph replay: interlace's two ops, and the baseline
 padded to the most rows any rank sends one expert (no host sync, so it can be captured; the usual
 capturable form).
-The expert stand-in is the identity: the fused grouped GEMMs are not built, so the issue's bars on
-dispatch+GEMM1 and GEMM2+combine cannot be measured yet; the rows hold what can."""
+The halves the issue's bars are on, not yet fused: dispatch_gemm1 (moe_dispatch, then
+interlace.grouped_gemm on the capacity-padded rows with the counts on the GPU: gate and up, N = 2F)
+and gemm2_combine (grouped_gemm of the down projection, K = F, into expert_out, then moe_combine),
+against baseline_dispatch_gemm1 (the baseline's dispatch, then torch._grouped_mm on its packed rows)
+and baseline_gemm2_combine (torch._grouped_mm, then the baseline's way back). The activation between
+the GEMMs is not timed; both sides' GEMMs are checked against each other first."""
 
 import torch
 import torch.distributed as dist
@@ -41,6 +45,7 @@ flags.DEFINE_string("command", "", "the command line, recorded in the JSON")
 CONFIGS = {"deepseek": (4096, 7168, 256, 8), "mixtral": (4096, 4096, 8, 2),
            "deepseek_decode": (128, 7168, 256, 8), "mixtral_decode": (128, 4096, 8, 2)}
 CALLS_PER_GRAPH = 8
+FFN = {"deepseek": 2048, "mixtral": 14336, "deepseek_decode": 2048, "mixtral_decode": 14336}  # expert FFN width
 
 
 def expert_rows_of(handle, expert_x):
@@ -48,6 +53,50 @@ def expert_rows_of(handle, expert_x):
     starts = torch.from_dlpack(handle.expert_starts).tolist()
     rows = torch.from_dlpack(handle.expert_rows).tolist()
     return torch.cat([expert_x[s:s + n] for s, n in zip(starts, rows)])
+
+
+def expert_ffn(name, handle, expert_x, packed_rows, x, idx, weights, group, base, out):
+    """The dispatch + GEMM1 and GEMM2 + combine halves, interlace's and the baseline's (module
+    docstring), each GEMM checked against the other side's first. Returns ({label: fn}, {why skipped})."""
+    gmm = getattr(torch, "_grouped_mm", None)
+    if gmm is None:
+        return {}, {"expert_ffn": f"torch {torch.__version__} has no torch._grouped_mm"}
+    local, hidden, ffn = base.L, x.shape[1], FFN[name]
+    capacity = handle.recv_rows // local
+    if capacity * local != handle.recv_rows:
+        return {}, {"expert_ffn": "expert_x is not local experts x capacity rows"}
+    g = torch.Generator(device="cuda").manual_seed(11)
+    w1t = (torch.randn(local, 2 * ffn, hidden, generator=g, device="cuda", dtype=torch.bfloat16) * hidden ** -0.5)
+    w1t = w1t.transpose(1, 2)  # Linear weights [L, 2F, H] as [L, H, 2F]
+    w2t = (torch.randn(local, hidden, ffn, generator=g, device="cuda", dtype=torch.bfloat16) * ffn ** -0.5)
+    w2t = w2t.transpose(1, 2)
+    rows = torch.from_dlpack(handle.expert_rows)  # int32 [L] on the GPU, from the dispatch above
+    kept = rows.tolist()
+    offs = rows.cumsum(0).to(torch.int32)  # the baseline's group ends (from its own splits in a real layer)
+    ex = expert_x.view(local, capacity, hidden)
+    h = torch.empty(local, capacity, 2 * ffn, device="cuda", dtype=torch.bfloat16)
+    act = torch.randn(local, capacity, ffn, generator=g, device="cuda", dtype=torch.bfloat16)  # GEMM2's input
+    expert_out = torch.empty(local * capacity, hidden, device="cuda", dtype=torch.bfloat16)
+    eo = expert_out.view(local, capacity, hidden)
+    act_rows = torch.cat([act[e, :n] for e, n in enumerate(kept)])
+
+    def packed(t):
+        return torch.cat([t[e, :n] for e, n in enumerate(kept)])
+    interlace.grouped_gemm(ex, w1t, h, rows)
+    interlace.grouped_gemm(act, w2t, eo, rows)
+    for what, ours, theirs in [("GEMM1", packed(h), gmm(packed_rows, w1t, offs=offs)),
+                               ("GEMM2", packed(eo), gmm(act_rows, w2t, offs=offs))]:
+        err = common.relative_error(ours, theirs)
+        if not err < 1e-2:
+            raise SystemExit(f"{name}: grouped_gemm's {what} differs from torch._grouped_mm's: relative error {err}")
+    return {
+        "dispatch_gemm1": lambda: (interlace.moe_dispatch(x, idx, weights, group, handle=handle),
+                                   interlace.grouped_gemm(ex, w1t, h, rows)),
+        "baseline_dispatch_gemm1": lambda: gmm(base.dispatch(x), w1t, offs=offs),
+        "gemm2_combine": lambda: (interlace.grouped_gemm(act, w2t, eo, rows),
+                                  interlace.moe_combine(expert_out, handle, group, out=out)),
+        "baseline_gemm2_combine": lambda: base.combine(gmm(act_rows, w2t, offs=offs)),
+    }, {}
 
 
 def run_config(name, group, rank, world):
@@ -98,7 +147,9 @@ def run_config(name, group, rank, world):
     unique_tokens, unique_send, unique_recv = base.unique_transport()
     unique_in, unique_out = x[unique_tokens], x.new_empty(sum(unique_recv), hidden)
     methods["nccl_all_to_all_unique"] = lambda: dist.all_to_all_single(unique_out, unique_in, unique_recv, unique_send)
-    graphed, skipped = set(), {}
+    ffn_methods, skipped = expert_ffn(name, handle, expert_x, want_rows, x, idx, weights, group, base, out)
+    methods.update(ffn_methods)
+    graphed = set()
     if tokens <= 128:
         send = x.new_zeros(experts, base.C, hidden)
         recv = torch.empty_like(send)
@@ -170,7 +221,8 @@ def main(_):
         print("us per call; speedup = baseline / interlace (bars: dispatch and combine halves with their GEMMs "
               "1.3x; dispatch's token bytes/s 1.3x NCCL all_to_all's; decode under graphs 2x)")
         print(f"{'config':>16} {'dispatch':>9} {'base':>9} {'x':>5} {'combine':>9} {'base':>9} {'x':>5} "
-              f"{'a2a':>9} {'a2a uniq':>9} {'x a2a':>6} {'x uniq':>6} {'graph d x':>9} {'graph c x':>9}")
+              f"{'a2a':>9} {'a2a uniq':>9} {'x a2a':>6} {'x uniq':>6} {'graph d x':>9} {'graph c x':>9} "
+              f"{'d+gemm1 x':>9} {'gemm2+c x':>9}")
         for r in rows:
             us = r["us"]
             print(f"{r['config']:>16} {us['dispatch']:9.1f} {us['baseline_dispatch']:9.1f} "
@@ -179,7 +231,9 @@ def main(_):
                   f"{us['nccl_all_to_all']:9.1f} {us['nccl_all_to_all_unique']:9.1f} "
                   f"{ratio(us, 'nccl_all_to_all', 'dispatch'):6.2f} {ratio(us, 'nccl_all_to_all_unique', 'dispatch'):6.2f} "
                   f"{ratio(us, 'baseline_padded_dispatch_graph', 'dispatch_graph'):9.2f} "
-                  f"{ratio(us, 'baseline_padded_combine_graph', 'combine_graph'):9.2f}")
+                  f"{ratio(us, 'baseline_padded_combine_graph', 'combine_graph'):9.2f} "
+                  f"{ratio(us, 'baseline_dispatch_gemm1', 'dispatch_gemm1'):9.2f} "
+                  f"{ratio(us, 'baseline_gemm2_combine', 'gemm2_combine'):9.2f}")
     dist.destroy_process_group()
 
 
