@@ -151,14 +151,14 @@ ffi::Error grouped_gemm_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer
     const TensorView va = view_of(a, device), vb = view_of(b, device), vr = view_of(rows, device);
     const TensorView vo = view_of(*out, device);
     check_grouped_gemm_args(va, vb, vo, vr, device);
-    IL_CHECK(cluster_m >= 0 && cluster_m <= 2, "grouped_gemm: cluster_m must be 0 (automatic), 1 or 2, got ",
-             cluster_m);
+    const GroupedGemmTuning tuning{static_cast<int>(cluster_m)};
+    check_grouped_gemm_tuning(tuning);
     require_hopper(device, "grouped_gemm");
     if (out->size_bytes() > 0) {
       DeviceGuard guard(device);
       IL_CUDA_CHECK(cudaMemsetAsync(out->untyped_data(), 0, out->size_bytes(), stream));
     }
-    grouped_gemm(va, vb, vo, vr, stream, GroupedGemmTuning{static_cast<int>(cluster_m)});
+    grouped_gemm(va, vb, vo, vr, stream, tuning);
   });
 }
 

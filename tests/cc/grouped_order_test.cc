@@ -43,7 +43,7 @@ TEST(GroupedOrder, ExactlyTheTilesOfEachGroupsRows) {
       std::vector<int32_t> rows(groups);
       for (auto& r : rows) r = static_cast<int32_t>(rng() % (2 * capacity + 1)) - capacity / 4;  // below 0, past C
       rows[0] = 0;
-      const GroupedOrder::Params p = GroupedOrder::make(rows.data(), capacity, n, cluster_m, 128);
+      const GroupedOrder::Params p = GroupedOrder::make(rows.data(), capacity, n, cluster_m);
       EXPECT_EQ(p.tile_rows % cluster_m, 0);
       EXPECT_GE(p.tile_rows * GroupedOrder::kTileM, capacity);
       std::set<std::tuple<int32_t, int32_t, int32_t>> expected;
@@ -63,7 +63,7 @@ TEST(GroupedOrder, AGroupsColumnsRunOneAfterAnother) {
   // 2 groups of 300 rows (3 tile rows), 2 columns: group 0's column 0 top to bottom, then its
   // column 1, then group 1's.
   const std::vector<int32_t> rows = {300, 300};
-  const GroupedOrder::Params p = GroupedOrder::make(rows.data(), 300, 256, 1, 128);
+  const GroupedOrder::Params p = GroupedOrder::make(rows.data(), 300, 256, 1);
   std::vector<std::pair<int32_t, int32_t>> walk;
   for (int32_t i = 0; i < 12; ++i) {
     int32_t m_idx, n_idx;

@@ -10,7 +10,7 @@ using gemm_operand::aligned16;
 using gemm_operand::ByteRange;
 using gemm_operand::stride_of;
 
-bool is(const DLDataType& t, uint8_t code) { return t.code == code && t.bits == 16 && t.lanes == 1; }
+bool is(const DLDataType& t, uint8_t code) { return gemm_operand::is_dtype(t, code, 16); }
 
 }  // namespace
 

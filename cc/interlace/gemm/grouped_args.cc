@@ -12,7 +12,7 @@ using gemm_operand::aligned16;
 using gemm_operand::ByteRange;
 using gemm_operand::stride_of;
 
-bool is(const DLDataType& t, uint8_t code, uint8_t bits) { return t.code == code && t.bits == bits && t.lanes == 1; }
+using gemm_operand::is_dtype;
 
 // The two strides of a 16-bit operand that TMA takes from memory (rows and groups), checked alike:
 // `rows` rows of `row_len` elements `ld` apart, groups `group` apart. TMA takes strides below 2^40
@@ -39,17 +39,22 @@ void check_strides(const char* name, int64_t ld, int64_t row_len, const char* ro
 
 }  // namespace
 
+void check_grouped_gemm_tuning(const GroupedGemmTuning& tuning) {
+  IL_CHECK(tuning.cluster_m == 0 || tuning.cluster_m == 1 || tuning.cluster_m == 2,
+           "grouped_gemm: cluster_m must be 0 (automatic), 1 or 2, got ", tuning.cluster_m);
+}
+
 GroupedGemmProblem check_grouped_gemm_args(const TensorView& a, const TensorView& b, const TensorView& out,
                                            const TensorView& rows, int device) {
   GroupedGemmProblem p;
-  IL_CHECK(is(a.dtype, kDLBfloat, 16) || is(a.dtype, kDLFloat, 16), "grouped_gemm: a has dtype ", a.dtype_name(),
+  IL_CHECK(is_dtype(a.dtype, kDLBfloat, 16) || is_dtype(a.dtype, kDLFloat, 16), "grouped_gemm: a has dtype ", a.dtype_name(),
            "; supported are bfloat16 and float16");
   IL_CHECK(b.dtype.code == a.dtype.code && b.dtype.bits == a.dtype.bits && out.dtype.code == a.dtype.code &&
                out.dtype.bits == a.dtype.bits,
            "grouped_gemm: a, b and out must share a dtype; got ", a.dtype_name(), ", ", b.dtype_name(), ", ",
            out.dtype_name());
-  p.dtype = is(a.dtype, kDLBfloat, 16) ? GemmDtype::kBf16 : GemmDtype::kF16;
-  IL_CHECK(is(rows.dtype, kDLInt, 32), "grouped_gemm: rows has dtype ", rows.dtype_name(),
+  p.dtype = is_dtype(a.dtype, kDLBfloat, 16) ? GemmDtype::kBf16 : GemmDtype::kF16;
+  IL_CHECK(is_dtype(rows.dtype, kDLInt, 32), "grouped_gemm: rows has dtype ", rows.dtype_name(),
            "; it must be int32 (a row count per group)");
   IL_CHECK(a.shape.size() == 3 && b.shape.size() == 3 && out.shape.size() == 3,
            "grouped_gemm: a, b and out must be 3-D ([G, C, K], [G, K, N], [G, C, N]); got ", a.shape_string(), ", ",

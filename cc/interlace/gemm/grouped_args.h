@@ -20,6 +20,16 @@ struct GroupedGemmProblem {
   int64_t group_a = 0, group_b = 0, group_out = 0;      // group strides, elements
 };
 
+// 0 means automatic. Tiles are always ping-pong 128 x 128 (cooperative 128 x 256 tiles put their
+// accumulators in local memory here).
+struct GroupedGemmTuning {
+  int cluster_m = 0;  // CTAs per cluster along M, 1 or 2 (2: a group's tile-row pairs share B through
+                      // multicast; automatic: 2 where C > 128)
+};
+
+// Raises unless every setting is one grouped_gemm has.
+void check_grouped_gemm_tuning(const GroupedGemmTuning& tuning);
+
 // a: [G, C, K], rows K-contiguous; b: [G, K, N], N-contiguous or K-contiguous (w.transpose(1, 2) of
 // Linear weights [G, N, K]); out: [G, C, N], rows N-contiguous; rows: int32 [G], contiguous, read on
 // the GPU (a row count per group, any int32: the kernel clamps it to [0, C]). bf16

@@ -7,15 +7,9 @@
 #include <cuda_runtime_api.h>
 
 #include "interlace/base/tensor.h"
+#include "interlace/gemm/grouped_args.h"
 
 namespace interlace {
-
-// 0 means automatic. Tiles are always ping-pong 128 x 128 (cooperative 128 x 256 tiles put their
-// accumulators in local memory here).
-struct GroupedGemmTuning {
-  int cluster_m = 0;  // CTAs per cluster along M, 1 or 2 (2: a group's tile-row pairs share B through
-                      // multicast; automatic: 2 where C > 128)
-};
 
 // a: [G, C, K]; b: [G, K, N] (or Linear weights [G, N, K] passed as w.transpose(1, 2)); out: [G, C, N];
 // rows: int32 [G] on the GPU. Rows of out at or past rows[g] (clamped to C) are left as they are.

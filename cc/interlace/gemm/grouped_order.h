@@ -23,15 +23,16 @@ struct GroupedOrder {
   };
 
   static constexpr int32_t kTileM = 128;
+  static constexpr int32_t kTileN = 128;
 
-  static Params make(const int32_t* rows, int64_t capacity, int64_t n, int cluster_m, int tile_n) {
+  static Params make(const int32_t* rows, int64_t capacity, int64_t n, int cluster_m) {
     Params p;
     p.rows = rows;
     p.capacity = static_cast<int32_t>(capacity);
     p.cluster_m = cluster_m;
     const int64_t cluster_rows = (capacity + kTileM * cluster_m - 1) / (kTileM * cluster_m);
     p.tile_rows = static_cast<int32_t>(cluster_rows * cluster_m);
-    p.tiles_n = static_cast<int32_t>((n + tile_n - 1) / tile_n);
+    p.tiles_n = static_cast<int32_t>((n + kTileN - 1) / kTileN);
     return p;
   }
 

@@ -12,6 +12,11 @@ int64_t stride_of(const TensorView& t, int i);
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// Whether t is the scalar type (code, bits): kDLBfloat / kDLFloat 16, kDLInt 32.
+inline bool is_dtype(const DLDataType& t, uint8_t code, uint8_t bits) {
+  return t.code == code && t.bits == bits && t.lanes == 1;
+}
+
 // The bytes from a tensor's lowest element to the end of its highest; empty without elements.
 // In 128 bits: a DLPack view may claim any strides, and this runs before anything bounds them.
 struct ByteRange {

@@ -78,10 +78,10 @@ def expert_ffn(name, handle, expert_x, packed_rows, x, idx, weights, group, base
     act = torch.randn(local, capacity, ffn, generator=g, device="cuda", dtype=torch.bfloat16)  # GEMM2's input
     expert_out = torch.empty(local * capacity, hidden, device="cuda", dtype=torch.bfloat16)
     eo = expert_out.view(local, capacity, hidden)
-    act_rows = torch.cat([act[e, :n] for e, n in enumerate(kept)])
 
     def packed(t):
         return torch.cat([t[e, :n] for e, n in enumerate(kept)])
+    act_rows = packed(act)
     interlace.grouped_gemm(ex, w1t, h, rows)
     interlace.grouped_gemm(act, w2t, eo, rows)
     for what, ours, theirs in [("GEMM1", packed(h), gmm(packed_rows, w1t, offs=offs)),
