@@ -1,5 +1,6 @@
-// GroupedOrder (grouped_gemm's tile order) on the CPU: over all its positions, exactly the tiles the
-// groups' row counts call for, each once, in the order the comment promises.
+// GroupedOrder (grouped_gemm's tile order) on the CPU, walked as the engine's TileWalk walks it: CTA
+// c of S takes positions c, c + S, ... below count(), each walk with its own Cursor. Together the walks
+// give exactly the tiles the groups' row counts call for, each once, and every walk gets its share.
 #include <algorithm>
 #include <cstdint>
 #include <random>
@@ -13,14 +14,17 @@
 namespace interlace {
 namespace {
 
-// Every position of the order, as the engine walks it (tile row = cluster tile row x cluster_m + CTA
-// in the cluster): the (group, tile row in group, column) tiles that hold rows of their group, each
-// of which must come once; tile rows past the group's rows may run only beside one that has some.
-std::set<std::tuple<int32_t, int32_t, int32_t>> tiles_of(const GroupedOrder::Params& p, int32_t groups) {
-  std::set<std::tuple<int32_t, int32_t, int32_t>> tiles;
-  for (int32_t i = 0; i < groups * p.tile_rows / p.cluster_m * p.tiles_n; ++i) {
+using Tile = std::tuple<int32_t, int32_t, int32_t>;  // (group, tile row in the group, column)
+
+// The engine's tile rows of one walk's cluster tiles, as (group, row, column), and how many cluster
+// tiles the walk took.
+std::vector<Tile> walk(const GroupedOrder::Params& p, int32_t groups, int32_t first, int32_t step, int32_t* taken) {
+  std::vector<Tile> tiles;
+  GroupedOrder::Cursor at;
+  *taken = 0;
+  for (int32_t i = first; i < GroupedOrder::count(p, groups); i += step, ++*taken) {
     int32_t cluster_m_idx = -1, n_idx = -1;
-    if (!GroupedOrder::tile(p, i, cluster_m_idx, n_idx)) continue;
+    GroupedOrder::tile(p, i, at, cluster_m_idx, n_idx);
     EXPECT_GE(n_idx, 0);
     EXPECT_LT(n_idx, p.tiles_n);
     for (int32_t cta = 0; cta < p.cluster_m; ++cta) {
@@ -28,25 +32,24 @@ std::set<std::tuple<int32_t, int32_t, int32_t>> tiles_of(const GroupedOrder::Par
       GroupedOrder::locate(p, cluster_m_idx * p.cluster_m + cta, group, row);
       EXPECT_GE(row, 0);
       EXPECT_LT(row, p.tile_rows);
-      if (cta == 0) EXPECT_LT(row * GroupedOrder::kTileM, GroupedOrder::rows_of(p, group)) << "an empty cluster tile";
-      if (row * GroupedOrder::kTileM >= GroupedOrder::rows_of(p, group)) continue;
-      EXPECT_TRUE(tiles.emplace(group, row, n_idx).second) << "position " << i << " repeats a tile";
+      const int32_t used = GroupedOrder::rows_of(p, group);
+      if (cta == 0) EXPECT_LT(row * GroupedOrder::kTileM, used) << "a cluster tile without rows, position " << i;
+      if (row * GroupedOrder::kTileM < used) tiles.emplace_back(group, row, n_idx);
     }
   }
   return tiles;
 }
 
-TEST(GroupedOrder, ExactlyTheTilesOfEachGroupsRows) {
+TEST(GroupedOrder, TheWalksTogetherTakeEachTileOfEachGroupsRowsOnce) {
   std::mt19937 rng(7);
   for (int cluster_m : {1, 2}) {
-    for (auto [groups, capacity, n] : {std::tuple{1, 1, 8}, {4, 100, 300}, {8, 129, 256}, {128, 512, 4096}, {3, 1000, 8}}) {
+    for (auto [groups, capacity, n] : {std::tuple{1, 1, 8}, {4, 100, 300}, {8, 129, 256}, {128, 512, 4096},
+                                       {3, 1000, 8}, {64, 1536, 2048}}) {
       std::vector<int32_t> rows(groups);
       for (auto& r : rows) r = static_cast<int32_t>(rng() % (2 * capacity + 1)) - capacity / 4;  // below 0, past C
       rows[0] = 0;
       const GroupedOrder::Params p = GroupedOrder::make(rows.data(), capacity, n, cluster_m);
-      EXPECT_EQ(p.tile_rows % cluster_m, 0);
-      EXPECT_GE(p.tile_rows * GroupedOrder::kTileM, capacity);
-      std::set<std::tuple<int32_t, int32_t, int32_t>> expected;
+      std::set<Tile> expected;
       for (int32_t g = 0; g < groups; ++g) {
         const int32_t used = std::min(std::max(rows[g], 0), capacity);
         EXPECT_EQ(GroupedOrder::rows_of(p, g), used);
@@ -54,25 +57,54 @@ TEST(GroupedOrder, ExactlyTheTilesOfEachGroupsRows) {
           for (int32_t col = 0; col < p.tiles_n; ++col) expected.emplace(g, row, col);
         }
       }
-      EXPECT_EQ(tiles_of(p, groups), expected) << groups << " groups of " << capacity << ", clusters of " << cluster_m;
+      for (int32_t step : {1, 7, 66}) {
+        std::set<Tile> seen;
+        int32_t fewest = INT32_MAX, most = 0;
+        for (int32_t first = 0; first < step; ++first) {
+          int32_t taken = 0;
+          for (const Tile& t : walk(p, groups, first, step, &taken)) {
+            EXPECT_TRUE(seen.insert(t).second) << "a tile taken twice";
+          }
+          fewest = std::min(fewest, taken);
+          most = std::max(most, taken);
+        }
+        EXPECT_EQ(seen, expected) << groups << " groups of " << capacity << ", clusters of " << cluster_m;
+        EXPECT_LE(most - fewest, 1) << "walks of " << step << " get unequal shares";
+      }
     }
+  }
+}
+
+TEST(GroupedOrder, SparseGroupsStillSpreadOverEveryWalk) {
+  // 64 groups of capacity 1536 using 200 rows each: 2 tile rows of 12, 16 columns. Positions over all
+  // of C would leave most of 66 two-CTA clusters without a tile; dense positions give each 15 or 16.
+  const std::vector<int32_t> rows(64, 200);
+  const GroupedOrder::Params p = GroupedOrder::make(rows.data(), 1536, 2048, 2);
+  EXPECT_EQ(GroupedOrder::count(p, 64), 64 * 1 * 16);
+  for (int32_t first = 0; first < 66; ++first) {
+    int32_t taken = 0;
+    walk(p, 64, first, 66, &taken);
+    EXPECT_GE(taken, 15);
+    EXPECT_LE(taken, 16);
   }
 }
 
 TEST(GroupedOrder, AGroupsColumnsRunOneAfterAnother) {
   // 2 groups of 300 rows (3 tile rows), 2 columns: group 0's column 0 top to bottom, then its
-  // column 1, then group 1's.
-  const std::vector<int32_t> rows = {300, 300};
+  // column 1, then group 1's; group 1 uses 130 rows, so 2 of its tile rows.
+  const std::vector<int32_t> rows = {300, 130};
   const GroupedOrder::Params p = GroupedOrder::make(rows.data(), 300, 256, 1);
-  std::vector<std::pair<int32_t, int32_t>> walk;
-  for (int32_t i = 0; i < 12; ++i) {
+  ASSERT_EQ(GroupedOrder::count(p, 2), 10);
+  std::vector<std::pair<int32_t, int32_t>> walked;
+  GroupedOrder::Cursor at;
+  for (int32_t i = 0; i < 10; ++i) {
     int32_t m_idx, n_idx;
-    ASSERT_TRUE(GroupedOrder::tile(p, i, m_idx, n_idx));
-    walk.emplace_back(m_idx, n_idx);
+    GroupedOrder::tile(p, i, at, m_idx, n_idx);
+    walked.emplace_back(m_idx, n_idx);
   }
-  const std::vector<std::pair<int32_t, int32_t>> expected = {{0, 0}, {1, 0}, {2, 0}, {0, 1}, {1, 1}, {2, 1},
-                                                            {3, 0}, {4, 0}, {5, 0}, {3, 1}, {4, 1}, {5, 1}};
-  EXPECT_EQ(walk, expected);
+  const std::vector<std::pair<int32_t, int32_t>> expected = {{0, 0}, {1, 0}, {2, 0}, {0, 1}, {1, 1},
+                                                             {2, 1}, {3, 0}, {4, 0}, {3, 1}, {4, 1}};
+  EXPECT_EQ(walked, expected);
 }
 
 }  // namespace

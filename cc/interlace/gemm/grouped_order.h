@@ -1,10 +1,12 @@
 // The tile order of a grouped GEMM (grouped_gemm.h): G problems of C rows each, group g using only its
 // first rows[g] rows, a count the GPU reads when the kernel runs (a mixture of experts' token counts,
-// never synced to the host). Positions run over every tile the groups could have, G x ceil(C / 128)
-// tile rows by tiles_n columns; tile() says whether a position is a tile of this launch, and the
-// engine's walk passes over those that are not. Within a group, column by column and down the tile
-// rows of each column, so the CTAs running at one time share a column of b[g] (an expert's weights,
-// the large operand when C is small) and read it from memory once.
+// never synced to the host). Positions run densely over the tiles the counts call for, group by
+// group; within a group column by column and down the used cluster tile rows of each column, so the
+// CTAs running at one time share a column of b[g] (an expert's weights, the large operand when C is
+// small) and read it from memory once. Dense, so that every CTA gets its share of the tiles however
+// few rows the groups use (with positions over all of C, tiles sat at multiples of the rows per group
+// and most CTAs got none). Which group a position lies in takes a walk over the counts: each walk
+// keeps a Cursor, which only moves forward since a walk's positions only grow.
 #pragma once
 
 #include <cstdint>
@@ -42,20 +44,38 @@ struct GroupedOrder {
     return r < 0 ? 0 : r < p.capacity ? r : p.capacity;
   }
 
-  // Position i (of G x tile_rows / cluster_m x tiles_n) to its cluster tile: m_idx counts cluster
-  // tile rows across groups, so that the engine's tile row m_idx * cluster_m + (CTA in cluster) is
-  // g * tile_rows + (tile row in the group). False where the cluster tile's first row lies past the
-  // group's rows: nothing to compute there. (A cluster's later tile rows may still lie past them: TMA
-  // reads zeros there, and the store skips them.)
-  IL_HOST_DEVICE static inline bool tile(const Params& p, int32_t i, int32_t& m_idx, int32_t& n_idx) {
-    const int32_t cluster_rows = p.tile_rows / p.cluster_m;
-    const int32_t group_tiles = cluster_rows * p.tiles_n;
-    const int32_t g = i / group_tiles;
-    const int32_t in_group = i - g * group_tiles;
-    n_idx = in_group / cluster_rows;
-    const int32_t row = in_group - n_idx * cluster_rows;
-    m_idx = g * cluster_rows + row;
-    return row * p.cluster_m * kTileM < rows_of(p, g);
+  // Cluster tile rows group g uses (those that hold any of its rows).
+  IL_HOST_DEVICE static inline int32_t used_cluster_rows(const Params& p, int32_t g) {
+    const int32_t cluster_rows = p.cluster_m * kTileM;
+    return (rows_of(p, g) + cluster_rows - 1) / cluster_rows;
+  }
+
+  // The positions of this launch: every used cluster tile of every group.
+  IL_HOST_DEVICE static inline int32_t count(const Params& p, int32_t groups) {
+    int32_t n = 0;
+    for (int32_t g = 0; g < groups; ++g) n += used_cluster_rows(p, g) * p.tiles_n;
+    return n;
+  }
+
+  // Where a walk is: group `group`, whose first position is `first`.
+  struct Cursor {
+    int32_t group = 0;
+    int32_t first = 0;
+  };
+
+  // Position i (i < count, and at least the last i this cursor saw) to its cluster tile: m_idx counts
+  // cluster tile rows across groups, so that the engine's tile row m_idx * cluster_m + (CTA in
+  // cluster) is g * tile_rows + (tile row in the group). A cluster's later tile rows may lie past the
+  // group's rows: TMA reads zeros there, and the store skips them.
+  IL_HOST_DEVICE static inline void tile(const Params& p, int32_t i, Cursor& at, int32_t& m_idx, int32_t& n_idx) {
+    int32_t used = used_cluster_rows(p, at.group);
+    while (i >= at.first + used * p.tiles_n) {
+      at.first += used * p.tiles_n;
+      used = used_cluster_rows(p, ++at.group);
+    }
+    const int32_t in_group = i - at.first;
+    n_idx = in_group / used;
+    m_idx = at.group * (p.tile_rows / p.cluster_m) + (in_group - n_idx * used);
   }
 
   // A tile row (the engine's: cluster tile row x cluster_m + CTA in cluster) to its group and its

@@ -53,28 +53,32 @@ struct GemmParams {
 
 enum class WarpGroupRole { Producer = 0, Consumer0 = 1, Consumer1 = 2 };
 
-// Orders may skip positions: a GroupedOrder's tile() returns whether a position is a tile of this
-// launch (the others' tile() returns nothing: every position is one). A GroupedOrder also says which
-// problem a tile row belongs to (locate).
+// An order may keep a place per walk (a GroupedOrder: its positions depend on counts the GPU reads):
+// its tile() then takes a Cursor, and count() says how many positions this launch has. A
+// GroupedOrder also says which problem a tile row belongs to (locate).
 template <class Order, class = void>
-struct SkipsPositions : std::false_type {};
+struct HasCursor : std::false_type {};
 template <class Order>
-struct SkipsPositions<Order, std::enable_if_t<std::is_same_v<
-                                 decltype(Order::tile(std::declval<const typename Order::Params&>(), 0,
-                                                      std::declval<int32_t&>(), std::declval<int32_t&>())),
-                                 bool>>> : std::true_type {};
+struct HasCursor<Order, std::void_t<typename Order::Cursor>> : std::true_type {};
 template <class Order, class = void>
 struct HasGroups : std::false_type {};
 template <class Order>
 struct HasGroups<Order, std::void_t<decltype(&Order::locate)>> : std::true_type {};
 
-// The tile scheduler every role asks. The cluster walks positions cluster_id, + num_clusters, ... of
-// the order (num_clusters: the clusters that compute, gemm_ctas / kClusterM), passing over those the
-// order skips; of the tiles it finds, a role that shares them with others (ping-pong consumers) takes
-// every walkers-th, starting with the walker-th, so that the roles agree on which stages are whose.
+template <class Order, bool = HasCursor<Order>::value>
+struct WalkState {};
+template <class Order>
+struct WalkState<Order, true> {
+  typename Order::Cursor cursor;
+};
+
+// The tile scheduler every role asks. The cluster takes positions cluster_id, + num_clusters, ... of
+// the order (num_clusters: the clusters that compute, gemm_ctas / kClusterM); of those, a role that
+// shares them with others (ping-pong consumers) takes every walkers-th, starting with the walker-th.
 // A tile row past the problem (the second CTA of a cluster when the tile rows are odd) still runs
 // the mainloop, since its cluster partner's B multicast lands in its shared memory; TMA reads zeros
-// for it and the epilogue stores nothing.
+// for it and the epilogue stores nothing. num_tiles bounds the positions; an order with a Cursor
+// counts them itself (GroupedOrder: from the counts on the GPU).
 template <class Order, int kClusterM>
 struct TileWalk {
   const typename Order::Params& order;  // in the kernel's parameter space
@@ -82,28 +86,25 @@ struct TileWalk {
   int32_t next;
   int32_t step;
   int32_t rank_in_cluster;
-  int32_t walkers;
-  int32_t skip;  // tiles to pass to the other walkers before the next one this walker takes
+  WalkState<Order> state;
 
   __device__ TileWalk(const typename Order::Params& order_, int32_t num_tiles_, int32_t gemm_ctas, int walker = 0,
-                      int walkers_ = 1)
-      : order(order_), num_tiles(num_tiles_), next(static_cast<int32_t>(blockIdx.x) / kClusterM),
-        step(gemm_ctas / kClusterM), rank_in_cluster(blockIdx.x % kClusterM), walkers(walkers_), skip(walker) {}
+                      int walkers = 1, int32_t groups = 1)
+      : order(order_), num_tiles(num_tiles_),
+        next(static_cast<int32_t>(blockIdx.x) / kClusterM + walker * (gemm_ctas / kClusterM)),
+        step(walkers * (gemm_ctas / kClusterM)), rank_in_cluster(blockIdx.x % kClusterM) {
+    if constexpr (HasCursor<Order>::value) num_tiles = min(num_tiles, Order::count(order, groups));
+  }
 
   __device__ bool get(int* m_idx, int* n_idx) {
+    if (next >= num_tiles) return false;
     int32_t cluster_m_idx, tile_n_idx;
-    for (;;) {
-      if (next >= num_tiles) return false;
-      bool is_tile = true;
-      if constexpr (SkipsPositions<Order>::value) {
-        is_tile = Order::tile(order, next, cluster_m_idx, tile_n_idx);
-      } else {
-        Order::tile(order, next, cluster_m_idx, tile_n_idx);
-      }
-      next += step;
-      if (is_tile && skip-- == 0) break;
+    if constexpr (HasCursor<Order>::value) {
+      Order::tile(order, next, state.cursor, cluster_m_idx, tile_n_idx);
+    } else {
+      Order::tile(order, next, cluster_m_idx, tile_n_idx);
     }
-    skip = walkers - 1;
+    next += step;
     *m_idx = cluster_m_idx * kClusterM + rank_in_cluster;
     *n_idx = tile_n_idx;
     return true;
@@ -118,7 +119,8 @@ __device__ __forceinline__ void run_producer(const Params& params, typename Conf
   typename Config::Mainloop mainloop;
   auto state = cutlass::make_producer_start_state<typename Config::Pipeline>();
   auto k_shape = shape<3>(get<0>(load_inputs));
-  TileWalk<Order, Config::kClusterM> walk(params.order, params.num_tiles, gridDim.x - params.copy_ctas);
+  TileWalk<Order, Config::kClusterM> walk(params.order, params.num_tiles, gridDim.x - params.copy_ctas, 0, 1,
+                                          params.groups);
   int m_idx, n_idx;
   while (walk.get(&m_idx, &n_idx)) {
     const bool alt = InputWait::wait(params.input_wait, m_idx, n_idx);
@@ -148,7 +150,7 @@ __device__ __forceinline__ void run_consumer(const Params& params, typename Conf
   const int mma_thread_idx = threadIdx.x % Schedule::kStageConsumers;
   const int walker = Schedule::walker(group);
   TileWalk<Order, Config::kClusterM> walk(params.order, params.num_tiles, gridDim.x - params.copy_ctas, walker,
-                                          Schedule::kWalkers);
+                                          Schedule::kWalkers, params.groups);
   state.advance(walker * k_tiles);
   int m_idx, n_idx;
   while (walk.get(&m_idx, &n_idx)) {
