@@ -17,10 +17,8 @@ from interlace._interlace import Bootstrap, Error, gpu_count
 from interlace import _interlace as _C
 
 __all__ = ["Bootstrap", "Error", "Group", "MoeHandle", "ag_gemm", "all_gather", "all_reduce", "attention", "gemm",
-           "gemm_ar",
-           "gemm_rs", "gpu_count", "grouped_gemm", "init", "moe_combine", "moe_dispatch", "moe_no_drop_capacity",
-           "reduce_scatter",
-           "ring_attention", "ring_attention_shard", "ring_attention_unshard"]
+           "gemm_ar", "gemm_rs", "gpu_count", "grouped_gemm", "init", "moe_combine", "moe_dispatch", "moe_gemm_combine",
+           "moe_no_drop_capacity", "reduce_scatter", "ring_attention", "ring_attention_shard", "ring_attention_unshard"]
 __version__ = "0.1.0"
 
 
@@ -334,6 +332,25 @@ def moe_combine(expert_out, handle, group, *, out, stream=None):
     if stream is None:
         stream = _frameworks.current_stream(out, expert_out)
     _C.moe_combine(_frameworks.as_dlpack(expert_out), _frameworks.as_dlpack(out), handle, native, stream=stream)
+    return out
+
+
+def moe_gemm_combine(act, w, handle, group, *, out, stream=None, cluster_m=0):
+    """The experts' second FFN matmul fused with moe_combine, in one launch: for each local expert l and
+    each row r it kept in moe_dispatch(..., handle), act[l C + r] @ w[l] is computed and sent straight
+    from the GEMM's epilogue to its token's home rank, where out [T, hidden] bf16 is then summed as
+    moe_combine sums it. The same bits as grouped_gemm into an expert_out followed by moe_combine.
+    act: [recv_rows, F] bf16 in expert_x's layout (F: the FFN width); w: [L, F, hidden] bf16 (Linear
+    weights [L, hidden, F] go in as w.transpose(1, 2)). The handle's capacity_kind must be
+    "per_expert". cluster_m as grouped_gemm's. Collective, stream-ordered, graph-capturable; raises
+    interlace.Error before any GPU work on bad arguments."""
+    if _frameworks.is_jax(out):
+        raise TypeError("JAX arrays are immutable: interlace.moe_gemm_combine writes into out")
+    native = _native(group)
+    if stream is None:
+        stream = _frameworks.current_stream(out, act, w)
+    _C.moe_gemm_combine(_frameworks.as_dlpack(act), _frameworks.as_dlpack(w), _frameworks.as_dlpack(out), handle,
+                        native, stream=stream, cluster_m=cluster_m)
     return out
 
 

@@ -455,6 +455,17 @@ NB_MODULE(_interlace, m) {
         },
         "expert_out"_a.noconvert(), "out"_a.noconvert(), "handle"_a, "group"_a, nb::kw_only(), "stream"_a);
 
+  m.def("moe_gemm_combine",
+        [](nb::ndarray<nb::ro> act, nb::ndarray<nb::ro> w, nb::ndarray<> out, MoeHandle& handle, Group& group,
+           uintptr_t stream, int cluster_m) {
+          TensorView va = view_of(act), vw = view_of(w), vo = view_of(out);
+          nb::gil_scoped_release release;
+          moe_gemm_combine(group, handle, va, vw, vo, reinterpret_cast<cudaStream_t>(stream),
+                           GroupedGemmTuning{cluster_m});
+        },
+        "act"_a.noconvert(), "w"_a.noconvert(), "out"_a.noconvert(), "handle"_a, "group"_a, nb::kw_only(), "stream"_a,
+        "cluster_m"_a = 0);
+
   m.def("_check_moe_dispatch_args",
         [](nb::ndarray<nb::ro> x, nb::ndarray<nb::ro> topk_idx, nb::ndarray<nb::ro> topk_weights, int64_t experts,
            int64_t capacity, int capacity_kind, int64_t max_tokens, int world_size, int device) {
@@ -478,6 +489,22 @@ NB_MODULE(_interlace, m) {
         "expert_out"_a.noconvert(), "out"_a.noconvert(), nb::kw_only(), "world_size"_a, "experts"_a, "topk"_a,
         "hidden"_a, "max_tokens"_a, "capacity"_a, "capacity_kind"_a, "tokens"_a, "device"_a,
         "The checks moe_combine makes before any GPU work, without a group (for tests).");
+
+  m.def("_check_moe_gemm_combine_args",
+        [](nb::ndarray<nb::ro> act, nb::ndarray<nb::ro> w, nb::ndarray<> out, nb::ndarray<nb::ro> rows, int world_size,
+           int64_t experts, int topk, int64_t hidden, int64_t max_tokens, int64_t capacity, int capacity_kind,
+           int64_t tokens, int device) {
+          const MoePlan plan =
+              make_moe_plan(moe_shape(world_size, experts, topk, hidden, max_tokens, capacity, capacity_kind));
+          const GroupedGemmProblem p =
+              check_moe_gemm_combine_args(view_of(act), view_of(w), view_of(out), view_of(rows), plan, tokens, device);
+          return nb::make_tuple(p.groups, p.capacity, p.k, p.n, p.b_k_major);
+        },
+        "act"_a.noconvert(), "w"_a.noconvert(), "out"_a.noconvert(), "rows"_a.noconvert(), nb::kw_only(),
+        "world_size"_a, "experts"_a, "topk"_a, "hidden"_a, "max_tokens"_a, "capacity"_a, "capacity_kind"_a,
+        "tokens"_a, "device"_a,
+        "The checks moe_gemm_combine makes before any GPU work, without a group (for tests): returns the grouped "
+        "GEMM's (experts, capacity, F, hidden, w K-contiguous).");
 
   m.def("_ring_attention_ranges",
         [](int64_t seq, int world_size) {

@@ -419,7 +419,175 @@ def scenario_validation():
     print(f"rank {RANK}: bad arguments rejected before GPU work")
 
 
+def fused_inputs(case, d, kept, ffn, k_major=True):
+    """Rank d's act [recv_rows, F] in expert_x's layout and its down projections w [L, H, F], from a seed
+    of (case, d), so that every rank can rebuild every rank's; act's rows that no expert kept (kept:
+    rank d's rows per local expert, or None for no poison) are NaN, so a row sent that should not be
+    shows as NaN at home. b: w as the op takes it, transposed (K-contiguous) or a contiguous [L, F, H]."""
+    g = torch.Generator().manual_seed(1000 * case.seed + d)
+    L, C, H = case.local, case.capacity, case.hidden
+    act = (torch.randn(L * C, ffn, generator=g) / 4).to(torch.bfloat16)
+    w = (torch.randn(L, H, ffn, generator=g) / ffn ** 0.5).to(torch.bfloat16)
+    if kept is not None:
+        used = torch.zeros(L * C, dtype=torch.bool)
+        for l in range(L):
+            used[l * C:l * C + int(kept[l])] = True
+        act[~used] = float("nan")
+    return act, w
+
+
+def as_b(w, k_major):
+    return w.transpose(1, 2) if k_major else w.transpose(1, 2).contiguous()
+
+
+def fused_reference(case, row_of, ffn):
+    """This rank's out in fp32: for each token, the sum over its kept slots j of weight x the slot's
+    row of act at its expert's rank, times that expert's w, rounded to bf16 as an expert output is."""
+    T, L = case.tokens[RANK], case.local
+    acc = torch.zeros(T, case.hidden, dtype=torch.float32, device="cuda")
+    inputs = {}
+    for j in range(case.topk):
+        for t in range(T):
+            r = int(row_of[RANK][t, j])
+            if r < 0:
+                continue
+            e = int(case.idx[RANK][t, j])
+            d = e // L
+            if d not in inputs:
+                act, w = fused_inputs(case, d, None, ffn)
+                inputs[d] = (act.cuda().float(), w.cuda().float())
+            act, w = inputs[d]
+            y = (act[r] @ w[e % L].t()).to(torch.bfloat16).float()
+            acc[t] = acc[t] + float(case.weights[RANK][t, j]) * y
+    return acc
+
+
+def check_fused(group, case, handle, row_of, ffn, k_major=True, stream=None):
+    """moe_gemm_combine against grouped_gemm + moe_combine (bit for bit) and the fp32 reference."""
+    L, C = case.local, case.capacity
+    act, w = fused_inputs(case, RANK, torch.from_dlpack(handle.expert_rows).cpu(), ffn)
+    act, b = act.cuda(), as_b(w.cuda(), k_major)
+    expert_out = torch.full((handle.recv_rows, case.hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+    interlace.grouped_gemm(act.view(L, C, -1), b, expert_out.view(L, C, -1), torch.from_dlpack(handle.expert_rows))
+    want = new_out(case)
+    interlace.moe_combine(expert_out, handle, group, out=want)
+    out = new_out(case)
+    torch.cuda.synchronize()
+    if stream is not None:
+        stream.wait_stream(torch.cuda.current_stream())
+    interlace.moe_gemm_combine(act, b, handle, group, out=out, stream=None if stream is None else stream.cuda_stream)
+    torch.cuda.synchronize()
+    group.check()
+    if torch.isnan(out).any():
+        bad = torch.isnan(out).nonzero()[0].tolist()
+        fail(case, f"moe_gemm_combine: out{bad} is NaN (unwritten, or a row no expert kept was sent)")
+    if not torch.equal(out, want):
+        bad = (out != want).nonzero()[0].tolist()
+        fail(case, f"moe_gemm_combine: out{bad} = {out[bad[0], bad[1]].item()}, grouped_gemm + moe_combine give "
+                   f"{want[bad[0], bad[1]].item()}")
+    ref = fused_reference(case, row_of, act.shape[1])
+    err = ((out.float() - ref).abs().max() / ref.abs().max().clamp(min=1e-6)).item() if ref.numel() else 0.0
+    if err > 1e-2:
+        fail(case, f"moe_gemm_combine: relative error {err:.3g} against the fp32 reference")
+
+
+def scenario_gemm_combine():
+    """moe_gemm_combine on every per_expert routing pattern, against grouped_gemm + moe_combine bit for
+    bit and an fp32 reference, with out poisoned and the rows no expert kept NaN; FFN widths with
+    K tails, w in both layouts; a per_rank handle refused; two streams back to back; CUDA-graph
+    replays with new routing."""
+    group = interlace.init(heap_bytes=2048 * MIB)
+    n = 0
+    for i, case in enumerate(cases()):
+        if case.kind != "per_expert":
+            continue
+        _, handle = dispatch(group, case)
+        torch.cuda.synchronize()
+        group.check()
+        ffn = (64, 136, 200, 256, 1032)[i % 5]  # tails past the 64-wide k-slices: 0, 8, 8, 0, 8
+        check_fused(group, case, handle, case.layout()[0], ffn, k_major=i % 3 != 0)
+        n += 1
+    assert n >= 15, n
+
+    # Back to back on two streams, two handles, no sync between the calls (the group orders them).
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    a = Case("fused stream 1", 4 * WORLD, 2, 256, 64, route_random, seed=80)
+    c = Case("fused stream 2", 8 * WORLD, 4, 512, 96, route_zipf, seed=81)
+    for _ in range(2):
+        for case, s in ((a, s1), (c, s2)):
+            _, h = dispatch(group, case, stream=s)
+            torch.cuda.synchronize()
+            check_fused(group, case, h, case.layout()[0], 128, stream=s)
+
+    # A layer half captured in a graph: dispatch, then moe_gemm_combine, replayed with new routing.
+    E, k, H, T, F = 4 * WORLD, 2, 256, 64, 128
+    dev = torch.device("cuda")
+    x = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
+    idx = torch.empty(T, k, dtype=torch.int32, device=dev)
+    wts = torch.empty(T, k, dtype=torch.float32, device=dev)
+    out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
+    capacity = interlace.moe_no_drop_capacity(WORLD, num_experts=E, topk=k, max_tokens=T)
+    handle = interlace.MoeHandle(group, num_experts=E, topk=k, hidden=H, max_tokens=T, capacity=capacity)
+    act = torch.empty(handle.recv_rows, F, dtype=torch.bfloat16, device=dev)
+    w = torch.empty(E // WORLD, H, F, dtype=torch.bfloat16, device=dev)
+    stream = torch.cuda.Stream()
+
+    def layer():
+        interlace.moe_dispatch(x, idx, wts, group, handle=handle, stream=stream.cuda_stream)
+        interlace.moe_gemm_combine(act, w.transpose(1, 2), handle, group, out=out, stream=stream.cuda_stream)
+
+    first = Case("graph warm-up", E, k, H, T, route_random, capacity=lambda n: capacity, seed=90)
+    for t_, v in ((x, first.x[RANK]), (idx, first.idx[RANK].int()), (wts, first.weights[RANK])):
+        t_.copy_(v)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        layer()  # outside capture first: the calls' agreement
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        layer()
+    for step in range(6):
+        case = Case(f"fused replay {step}", E, k, H, T, route_random if step % 2 else route_zipf,
+                    capacity=lambda n: capacity, seed=91 + step)
+        x.copy_(case.x[RANK])
+        idx.copy_(case.idx[RANK].int())
+        wts.copy_(case.weights[RANK])
+        row_of = case.layout()[0]
+        a_, w_ = fused_inputs(case, RANK, None, F)
+        act.copy_(a_)
+        w.copy_(w_)
+        out.fill_(float("nan"))
+        torch.cuda.synchronize()
+        graph.replay()
+        torch.cuda.synchronize()
+        group.check()
+        ref = fused_reference(case, row_of, F)
+        err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+        if not err <= 1e-2:  # NaN fails too
+            fail(case, f"graph replay: moe_gemm_combine's relative error {err:.3g} against the fp32 reference")
+
+    # Bad arguments, before any GPU work.
+    per_rank = Case("per rank", 4 * WORLD, 2, 256, 32, route_random, kind="per_rank", seed=70)
+    _, h = dispatch(group, per_rank)
+    a0 = torch.zeros(h.recv_rows, 64, dtype=torch.bfloat16, device=dev)
+    b0 = torch.zeros(per_rank.local, 64, 256, dtype=torch.bfloat16, device=dev)
+    expect_error(lambda: interlace.moe_gemm_combine(a0, b0, h, group, out=new_out(per_rank)), "per_expert")
+    good = Case("good", 4 * WORLD, 2, 256, 32, route_random, seed=71)
+    _, h = dispatch(group, good)
+    a0 = torch.zeros(h.recv_rows, 64, dtype=torch.bfloat16, device=dev)
+    b0 = torch.zeros(good.local, 64, 256, dtype=torch.bfloat16, device=dev)
+    o0 = new_out(good)
+    expect_error(lambda: interlace.moe_gemm_combine(a0.float(), b0, h, group, out=o0), "bfloat16")
+    expect_error(lambda: interlace.moe_gemm_combine(a0[:-1], b0, h, group, out=o0), "act has shape")
+    expect_error(lambda: interlace.moe_gemm_combine(a0, b0[:, :32], h, group, out=o0), "w has shape")
+    expect_error(lambda: interlace.moe_gemm_combine(a0, b0, h, group, out=o0[:-1]), "out has shape")
+    torch.cuda.synchronize()
+    group.check()
+    print(f"rank {RANK}: moe_gemm_combine correct on {n} routing patterns, two streams and 6 graph replays")
+
+
 SCENARIOS = {
+    "gemm_combine": scenario_gemm_combine,
     "patterns": scenario_patterns,
     "overflow": scenario_overflow,
     "streams": scenario_streams,

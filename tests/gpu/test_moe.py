@@ -34,3 +34,7 @@ def test_cuda_graph_replays_with_new_routing():
 
 def test_bad_arguments_raise_before_gpu_work():
     run("validation")
+
+
+def test_moe_gemm_combine_matches_grouped_gemm_then_combine():
+    run("gemm_combine")

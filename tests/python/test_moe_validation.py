@@ -6,12 +6,13 @@ import pytest
 import interlace
 from interlace._interlace import _check_moe_combine_args as check_combine
 from interlace._interlace import _check_moe_dispatch_args as check_dispatch
+from interlace._interlace import _check_moe_gemm_combine_args as check_gemm_combine
 
 torch = pytest.importorskip("torch")
 
 
 def test_the_ops_exist():
-    for name in ("moe_dispatch", "moe_combine", "MoeHandle", "moe_no_drop_capacity"):
+    for name in ("moe_dispatch", "moe_combine", "moe_gemm_combine", "MoeHandle", "moe_no_drop_capacity"):
         assert name in interlace.__all__ and callable(getattr(interlace, name))
 
 
@@ -58,3 +59,28 @@ def test_no_drop_capacity():
     assert interlace.moe_no_drop_capacity(2, num_experts=8, topk=2, max_tokens=100) == 200
     assert interlace.moe_no_drop_capacity(2, num_experts=8, topk=2, max_tokens=100, capacity_kind="per_rank") == 400
     assert interlace.moe_no_drop_capacity(4, num_experts=8, topk=4, max_tokens=0) == 1
+
+
+def gemm_combine(act, w, out, kind=0, tokens=8):
+    """W = 2, E = 8 (L = 4), k = 2, hidden 64, capacity 16 per expert: recv_rows 64."""
+    return check_gemm_combine(act, w, out, torch.zeros(4, dtype=torch.int32), world_size=2, experts=8, topk=2,
+                              hidden=64, max_tokens=8, capacity=16, capacity_kind=kind, tokens=tokens, device=0)
+
+
+def test_moe_gemm_combine_checks_its_tensors_before_the_device():
+    act, w, out = (torch.zeros(64, 32, dtype=torch.bfloat16), torch.zeros(4, 32, 64, dtype=torch.bfloat16),
+                   torch.zeros(8, 64, dtype=torch.bfloat16))
+    with pytest.raises(interlace.Error, match="capacity_kind is per_rank; the fused GEMM needs per_expert"):
+        gemm_combine(act, w, out, kind=1)
+    with pytest.raises(interlace.Error, match="act has dtype float32"):
+        gemm_combine(act.float(), w, out)
+    with pytest.raises(interlace.Error, match=r"act has shape \[63, 32\]; it must be \[64, F\]"):
+        gemm_combine(act[:-1], w, out)
+    with pytest.raises(interlace.Error, match="F = 0"):
+        gemm_combine(act[:, :0], w[:, :0], out)
+    with pytest.raises(interlace.Error, match=r"w has shape \[4, 64, 32\]; it must be \[4, 32, 64\].*transpose"):
+        gemm_combine(act, w.transpose(1, 2).contiguous(), out)
+    with pytest.raises(interlace.Error, match=r"out has shape \[7, 64\]; it must be \[8, 64\]"):
+        gemm_combine(act, w, out[:-1])
+    with pytest.raises(interlace.Error, match="out is on cpu"):
+        gemm_combine(act, w, out)

@@ -20,20 +20,20 @@ using gemm_operand::is_dtype;
 // another group's (and two CTAs would store the same bytes of out). The group bound counts whole
 // strided rows (rows * ld), padding included. A single group's stride is never used (the kernel then
 // gets 0, as the plain GEMM's batch stride), so it is not checked: w.t().unsqueeze(0) passes.
-void check_strides(const char* name, int64_t ld, int64_t row_len, const char* row_len_name, int64_t group,
+void check_strides(const char* op, const char* name, int64_t ld, int64_t row_len, const char* row_len_name, int64_t group,
                    int64_t groups, int64_t rows, const char* rows_name) {
-  IL_CHECK(ld >= row_len, "grouped_gemm: ", name, "'s rows overlap (row stride ", ld, " < ", row_len_name, " = ",
+  IL_CHECK(ld >= row_len, op, ": ", name, "'s rows overlap (row stride ", ld, " < ", row_len_name, " = ",
            row_len, ")");
-  IL_CHECK(ld < kMaxGemmRowStride, "grouped_gemm: ", name, "'s row stride ", ld, " is beyond TMA's 2^40-byte limit");
-  IL_CHECK(ld % 8 == 0, "grouped_gemm: ", name, "'s rows must be 16-byte aligned (", row_len_name,
+  IL_CHECK(ld < kMaxGemmRowStride, op, ": ", name, "'s row stride ", ld, " is beyond TMA's 2^40-byte limit");
+  IL_CHECK(ld % 8 == 0, op, ": ", name, "'s rows must be 16-byte aligned (", row_len_name,
            " a multiple of 8); row stride ", ld);
   if (groups == 1) return;
-  IL_CHECK(group < kMaxGemmRowStride, "grouped_gemm: ", name, "'s group stride ", group,
+  IL_CHECK(group < kMaxGemmRowStride, op, ": ", name, "'s group stride ", group,
            " is beyond TMA's 2^40-byte limit");
   // rows * ld is below 2^70 here (ld < 2^39, rows <= kMaxGemmDim): in 128 bits.
-  IL_CHECK(static_cast<__int128>(group) >= static_cast<__int128>(rows) * ld, "grouped_gemm: ", name,
+  IL_CHECK(static_cast<__int128>(group) >= static_cast<__int128>(rows) * ld, op, ": ", name,
            "'s groups overlap (group stride ", group, " < ", rows_name, " = ", rows, " rows of stride ", ld, ")");
-  IL_CHECK(group % 8 == 0, "grouped_gemm: ", name, "'s group stride ", group,
+  IL_CHECK(group % 8 == 0, op, ": ", name, "'s group stride ", group,
            " must be 16-byte aligned (a multiple of 8 elements)");
 }
 
@@ -44,36 +44,38 @@ void check_grouped_gemm_tuning(const GroupedGemmTuning& tuning) {
            "grouped_gemm: cluster_m must be 0 (automatic), 1 or 2, got ", tuning.cluster_m);
 }
 
-GroupedGemmProblem check_grouped_gemm_args(const TensorView& a, const TensorView& b, const TensorView& out,
-                                           const TensorView& rows, int device) {
+GroupedGemmProblem check_grouped_gemm_operands(const char* op, const TensorView& a, const TensorView& b,
+                                               const TensorView* out_or_null, const TensorView& rows, int device) {
+  // Without an out (a fused op's epilogue stores elsewhere) its checks are those of a as out would be.
+  const TensorView& out = out_or_null ? *out_or_null : a;
   GroupedGemmProblem p;
-  IL_CHECK(is_dtype(a.dtype, kDLBfloat, 16) || is_dtype(a.dtype, kDLFloat, 16), "grouped_gemm: a has dtype ", a.dtype_name(),
+  IL_CHECK(is_dtype(a.dtype, kDLBfloat, 16) || is_dtype(a.dtype, kDLFloat, 16), op, ": a has dtype ", a.dtype_name(),
            "; supported are bfloat16 and float16");
   IL_CHECK(b.dtype.code == a.dtype.code && b.dtype.bits == a.dtype.bits && out.dtype.code == a.dtype.code &&
                out.dtype.bits == a.dtype.bits,
-           "grouped_gemm: a, b and out must share a dtype; got ", a.dtype_name(), ", ", b.dtype_name(), ", ",
+           op, ": a, b and out must share a dtype; got ", a.dtype_name(), ", ", b.dtype_name(), ", ",
            out.dtype_name());
   p.dtype = is_dtype(a.dtype, kDLBfloat, 16) ? GemmDtype::kBf16 : GemmDtype::kF16;
-  IL_CHECK(is_dtype(rows.dtype, kDLInt, 32), "grouped_gemm: rows has dtype ", rows.dtype_name(),
+  IL_CHECK(is_dtype(rows.dtype, kDLInt, 32), op, ": rows has dtype ", rows.dtype_name(),
            "; it must be int32 (a row count per group)");
-  IL_CHECK(a.shape.size() == 3 && b.shape.size() == 3 && out.shape.size() == 3,
-           "grouped_gemm: a, b and out must be 3-D ([G, C, K], [G, K, N], [G, C, N]); got ", a.shape_string(), ", ",
+  IL_CHECK(a.shape.size() == 3 && b.shape.size() == 3 && (!out_or_null || out.shape.size() == 3),
+           op, ": a, b and out must be 3-D ([G, C, K], [G, K, N], [G, C, N]); got ", a.shape_string(), ", ",
            b.shape_string(), ", ", out.shape_string());
-  IL_CHECK(rows.shape.size() == 1, "grouped_gemm: rows must be 1-D (a row count per group); got ",
+  IL_CHECK(rows.shape.size() == 1, op, ": rows must be 1-D (a row count per group); got ",
            rows.shape_string());
   p.groups = a.shape[0];
   p.capacity = a.shape[1];
   p.k = a.shape[2];
   p.n = b.shape[2];
-  IL_CHECK(b.shape[0] == p.groups && b.shape[1] == p.k && out.shape[0] == p.groups && out.shape[1] == p.capacity &&
-               out.shape[2] == p.n,
-           "grouped_gemm: shapes do not chain: a ", a.shape_string(), " @ b ", b.shape_string(), " -> out ",
+  IL_CHECK(b.shape[0] == p.groups && b.shape[1] == p.k &&
+               (!out_or_null || (out.shape[0] == p.groups && out.shape[1] == p.capacity && out.shape[2] == p.n)),
+           op, ": shapes do not chain: a ", a.shape_string(), " @ b ", b.shape_string(), " -> out ",
            out.shape_string(), " (a is [G, C, K], b [G, K, N], out [G, C, N]; for Linear weights w [G, N, K] pass ",
            "w.transpose(1, 2))");
-  IL_CHECK(rows.shape[0] == p.groups, "grouped_gemm: rows has ", rows.shape[0], " counts but a has G = ", p.groups,
+  IL_CHECK(rows.shape[0] == p.groups, op, ": rows has ", rows.shape[0], " counts but a has G = ", p.groups,
            " groups");
   IL_CHECK(p.groups <= kMaxGemmDim && p.capacity <= kMaxGemmDim && p.n <= kMaxGemmDim && p.k <= kMaxGemmDim,
-           "grouped_gemm: G, C, N and K must be at most 2^31 - 1024; got G = ", p.groups, ", C = ", p.capacity,
+           op, ": G, C, N and K must be at most 2^31 - 1024; got G = ", p.groups, ", C = ", p.capacity,
            ", N = ", p.n, ", K = ", p.k);
 
   // As in gemm, an operand without elements is neither read nor written, so its strides do not
@@ -81,14 +83,14 @@ GroupedGemmProblem check_grouped_gemm_args(const TensorView& a, const TensorView
   // first rows[g] rows of each group are then zeros).
   const bool a_has = p.groups > 0 && p.capacity > 0 && p.k > 0;
   const bool b_has = p.groups > 0 && p.k > 0 && p.n > 0;
-  const bool out_has = p.groups > 0 && p.capacity > 0 && p.n > 0;
+  const bool out_has = out_or_null && p.groups > 0 && p.capacity > 0 && p.n > 0;
   if (a_has) {
-    IL_CHECK(stride_of(a, 2) == 1 || p.k == 1, "grouped_gemm: a's rows must be K-contiguous (a[g] row-major)");
+    IL_CHECK(stride_of(a, 2) == 1 || p.k == 1, op, ": a's rows must be K-contiguous (a[g] row-major)");
     p.lda = stride_of(a, 1);
     p.group_a = p.groups == 1 ? 0 : stride_of(a, 0);
-    check_strides("a", p.lda, p.k, "K", p.group_a, p.groups, p.capacity, "C");
+    check_strides(op, "a", p.lda, p.k, "K", p.group_a, p.groups, p.capacity, "C");
     // TMA reads rows that start on 16-byte boundaries: the base, and the strides checked above.
-    IL_CHECK(aligned16(a.data), "grouped_gemm: a must start 16-byte aligned");
+    IL_CHECK(aligned16(a.data), op, ": a must start 16-byte aligned");
   }
   if (b_has) {
     if (stride_of(b, 2) == 1 && p.n > 1) {
@@ -98,49 +100,54 @@ GroupedGemmProblem check_grouped_gemm_args(const TensorView& a, const TensorView
       p.b_k_major = true;  // e.g. w.transpose(1, 2) of Linear weights [G, N, K]
       p.ldb = stride_of(b, 2);
     } else {
-      IL_FAIL("grouped_gemm: b must be [G, K, N] with N or K contiguous (w.transpose(1, 2) of Linear weights ",
+      IL_FAIL(op, ": b must be [G, K, N] with N or K contiguous (w.transpose(1, 2) of Linear weights ",
               "[G, N, K]); its strides are neither");
     }
     p.group_b = p.groups == 1 ? 0 : stride_of(b, 0);
     if (p.b_k_major) {
-      check_strides("b", p.ldb, p.k, "K", p.group_b, p.groups, p.n, "N");
+      check_strides(op, "b", p.ldb, p.k, "K", p.group_b, p.groups, p.n, "N");
     } else {
-      check_strides("b", p.ldb, p.n, "N", p.group_b, p.groups, p.k, "K");
+      check_strides(op, "b", p.ldb, p.n, "N", p.group_b, p.groups, p.k, "K");
     }
-    IL_CHECK(aligned16(b.data), "grouped_gemm: b must start 16-byte aligned");
+    IL_CHECK(aligned16(b.data), op, ": b must start 16-byte aligned");
   }
   if (out_has) {
-    IL_CHECK(stride_of(out, 2) == 1 || p.n == 1, "grouped_gemm: out's rows must be N-contiguous (out[g] row-major)");
+    IL_CHECK(stride_of(out, 2) == 1 || p.n == 1, op, ": out's rows must be N-contiguous (out[g] row-major)");
     p.ldc = stride_of(out, 1);
     p.group_out = p.groups == 1 ? 0 : stride_of(out, 0);
     // The epilogue stores pairs of elements and TMA-aligned rows; the zeros for K = 0 too.
-    check_strides("out", p.ldc, p.n, "N", p.group_out, p.groups, p.capacity, "C");
-    IL_CHECK(aligned16(out.data), "grouped_gemm: out must start 16-byte aligned");
+    check_strides(op, "out", p.ldc, p.n, "N", p.group_out, p.groups, p.capacity, "C");
+    IL_CHECK(aligned16(out.data), op, ": out must start 16-byte aligned");
   }
   if (p.groups > 0) {
     // Every CTA reads its group's count straight from rows: one int32 per group, side by side.
-    IL_CHECK(stride_of(rows, 0) == 1 || p.groups == 1, "grouped_gemm: rows must be contiguous; its stride is ",
+    IL_CHECK(stride_of(rows, 0) == 1 || p.groups == 1, op, ": rows must be contiguous; its stride is ",
              stride_of(rows, 0));
-    IL_CHECK(reinterpret_cast<uintptr_t>(rows.data) % 4 == 0, "grouped_gemm: rows must start 4-byte aligned (int32)");
+    IL_CHECK(reinterpret_cast<uintptr_t>(rows.data) % 4 == 0, op, ": rows must start 4-byte aligned (int32)");
   }
 
   // The kernel reads a, b and rows while other CTAs already store out: any shared byte is a race (and
   // a count overwritten by a product would change which rows a group computes).
-  const ByteRange out_bytes = gemm_operand::byte_range(out, "grouped_gemm", "out");
-  IL_CHECK(!out_bytes.overlaps(gemm_operand::byte_range(a, "grouped_gemm", "a")),
-           "grouped_gemm: out overlaps a in memory; write the product to a separate tensor");
-  IL_CHECK(!out_bytes.overlaps(gemm_operand::byte_range(b, "grouped_gemm", "b")),
-           "grouped_gemm: out overlaps b in memory; write the product to a separate tensor");
-  IL_CHECK(!out_bytes.overlaps(gemm_operand::byte_range(rows, "grouped_gemm", "rows")),
-           "grouped_gemm: out overlaps rows in memory; write the product to a separate tensor");
+  const ByteRange out_bytes = out_or_null ? gemm_operand::byte_range(out, op, "out") : ByteRange{};  // empty: no overlap
+  IL_CHECK(!out_bytes.overlaps(gemm_operand::byte_range(a, op, "a")),
+           op, ": out overlaps a in memory; write the product to a separate tensor");
+  IL_CHECK(!out_bytes.overlaps(gemm_operand::byte_range(b, op, "b")),
+           op, ": out overlaps b in memory; write the product to a separate tensor");
+  IL_CHECK(!out_bytes.overlaps(gemm_operand::byte_range(rows, op, "rows")),
+           op, ": out overlaps rows in memory; write the product to a separate tensor");
 
   // Last, so that tests on the CPU reach every other check.
   const std::pair<const char*, const TensorView*> named[] = {{"a", &a}, {"b", &b}, {"out", &out}, {"rows", &rows}};
   for (const auto& [name, t] : named) {
-    IL_CHECK(t->device.device_type == kDLCUDA && t->device.device_id == device, "grouped_gemm: ", name, " is on ",
+    IL_CHECK(t->device.device_type == kDLCUDA && t->device.device_id == device, op, ": ", name, " is on ",
              t->device_string(), " but the GPU is cuda:", device);
   }
   return p;
+}
+
+GroupedGemmProblem check_grouped_gemm_args(const TensorView& a, const TensorView& b, const TensorView& out,
+                                           const TensorView& rows, int device) {
+  return check_grouped_gemm_operands("grouped_gemm", a, b, &out, rows, device);
 }
 
 }  // namespace interlace

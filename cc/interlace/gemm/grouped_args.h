@@ -40,4 +40,8 @@ void check_grouped_gemm_tuning(const GroupedGemmTuning& tuning);
 GroupedGemmProblem check_grouped_gemm_args(const TensorView& a, const TensorView& b, const TensorView& out,
                                            const TensorView& rows, int device);
 
+// The same checks for a fused op named `op` whose epilogue stores elsewhere (out_or_null null: no out).
+GroupedGemmProblem check_grouped_gemm_operands(const char* op, const TensorView& a, const TensorView& b,
+                                               const TensorView* out_or_null, const TensorView& rows, int device);
+
 }  // namespace interlace

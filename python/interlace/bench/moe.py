@@ -23,7 +23,8 @@ interlace.grouped_gemm on the capacity-padded rows with the counts on the GPU: g
 and gemm2_combine (grouped_gemm of the down projection, K = F, into expert_out, then moe_combine),
 against baseline_dispatch_gemm1 (the baseline's dispatch, then torch._grouped_mm on its packed rows)
 and baseline_gemm2_combine (torch._grouped_mm, then the baseline's way back). The activation between
-the GEMMs is not timed; both sides' GEMMs are checked against each other first."""
+the GEMMs is not timed; both sides' GEMMs are checked against each other first. gemm2_combine_fused:
+interlace.moe_gemm_combine, the second half in one launch, checked bit for bit against gemm2_combine's."""
 
 import torch
 import torch.distributed as dist
@@ -89,6 +90,15 @@ def expert_ffn(name, handle, expert_x, packed_rows, x, idx, weights, group, base
         err = common.relative_error(ours, theirs)
         if not err < 1e-2:
             raise SystemExit(f"{name}: grouped_gemm's {what} differs from torch._grouped_mm's: relative error {err}")
+    # The fused second half: the same bits as grouped_gemm into expert_out, then moe_combine.
+    act_rows_all = act.view(local * capacity, ffn)
+    fused_out = torch.full_like(out, float("nan"))
+    interlace.moe_combine(expert_out, handle, group, out=out)
+    interlace.moe_gemm_combine(act_rows_all, w2t, handle, group, out=fused_out)
+    torch.cuda.synchronize()
+    group.check()
+    if not torch.equal(fused_out, out):
+        raise SystemExit(f"{name}: moe_gemm_combine differs from grouped_gemm + moe_combine")
     return {
         "dispatch_gemm1": lambda: (interlace.moe_dispatch(x, idx, weights, group, handle=handle),
                                    interlace.grouped_gemm(ex, w1t, h, rows)),
@@ -96,6 +106,7 @@ def expert_ffn(name, handle, expert_x, packed_rows, x, idx, weights, group, base
         "gemm2_combine": lambda: (interlace.grouped_gemm(act, w2t, eo, rows),
                                   interlace.moe_combine(expert_out, handle, group, out=out)),
         "baseline_gemm2_combine": lambda: base.combine(gmm(act_rows, w2t, offs=offs)),
+        "gemm2_combine_fused": lambda: interlace.moe_gemm_combine(act_rows_all, w2t, handle, group, out=fused_out),
     }, {}
 
 
@@ -222,7 +233,7 @@ def main(_):
               "1.3x; dispatch's token bytes/s 1.3x NCCL all_to_all's; decode under graphs 2x)")
         print(f"{'config':>16} {'dispatch':>9} {'base':>9} {'x':>5} {'combine':>9} {'base':>9} {'x':>5} "
               f"{'a2a':>9} {'a2a uniq':>9} {'x a2a':>6} {'x uniq':>6} {'graph d x':>9} {'graph c x':>9} "
-              f"{'d+gemm1 x':>9} {'gemm2+c x':>9}")
+              f"{'d+gemm1 x':>9} {'gemm2+c x':>9} {'fused x':>7}")
         for r in rows:
             us = r["us"]
             print(f"{r['config']:>16} {us['dispatch']:9.1f} {us['baseline_dispatch']:9.1f} "
@@ -233,7 +244,8 @@ def main(_):
                   f"{ratio(us, 'baseline_padded_dispatch_graph', 'dispatch_graph'):9.2f} "
                   f"{ratio(us, 'baseline_padded_combine_graph', 'combine_graph'):9.2f} "
                   f"{ratio(us, 'baseline_dispatch_gemm1', 'dispatch_gemm1'):9.2f} "
-                  f"{ratio(us, 'baseline_gemm2_combine', 'gemm2_combine'):9.2f}")
+                  f"{ratio(us, 'baseline_gemm2_combine', 'gemm2_combine'):9.2f} "
+                  f"{ratio(us, 'baseline_gemm2_combine', 'gemm2_combine_fused'):7.2f}")
     dist.destroy_process_group()
 
 

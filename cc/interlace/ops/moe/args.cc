@@ -62,4 +62,39 @@ void check_moe_combine_args(const TensorView& expert_out, const TensorView& out,
   IL_CHECK(!bytes_overlap(expert_out, out), op, ": expert_out and out overlap; they must be separate memory");
 }
 
+GroupedGemmProblem check_moe_gemm_combine_args(const TensorView& act, const TensorView& w, const TensorView& out,
+                                               const TensorView& rows, const MoePlan& plan, int64_t tokens,
+                                               int device) {
+  const char* op = "moe_gemm_combine";
+  const int64_t hidden = plan.row_bytes / 2, local = plan.experts_per_rank;
+  IL_CHECK(plan.capacity_kind == MoeCapacityKind::kPerExpert, op,
+           ": the handle's capacity_kind is per_rank; the fused GEMM needs per_expert, where local expert l's rows "
+           "start at l x capacity (make the MoeHandle with capacity_kind='per_expert')");
+  IL_CHECK(is_bf16(act), op, ": act has dtype ", act.dtype_name(), "; it must be bfloat16");
+  IL_CHECK(is_bf16(w), op, ": w has dtype ", w.dtype_name(), "; it must be bfloat16");
+  IL_CHECK(is_bf16(out), op, ": out has dtype ", out.dtype_name(), "; it must be bfloat16");
+  IL_CHECK(act.shape.size() == 2 && act.shape[0] == plan.recv_rows, op, ": act has shape ", act.shape_string(),
+           "; it must be [", plan.recv_rows, ", F], the layout of the dispatch's expert_x (its handle's receive rows) "
+           "with the FFN width F");
+  const int64_t ffn = act.shape[1];
+  IL_CHECK(ffn >= 1, op, ": act has no columns (F = 0); the FFN width must be positive");
+  IL_CHECK(w.shape == std::vector<int64_t>({local, ffn, hidden}), op, ": w has shape ", w.shape_string(),
+           "; it must be [", local, ", ", ffn, ", ", hidden,
+           "] (local experts, F, hidden); for Linear weights [L, hidden, F] pass w.transpose(1, 2)");
+  IL_CHECK(out.shape == std::vector<int64_t>({tokens, hidden}), op, ": out has shape ", out.shape_string(),
+           "; it must be [", tokens, ", ", hidden, "], the dispatch's tokens on this rank");
+  check_placed(op, "out", out, device, kMoeRowAlignBytes);
+  IL_CHECK(!bytes_overlap(act, out) && !bytes_overlap(w, out), op,
+           ": out overlaps act or w; it must be separate memory");
+  // act's rows as the grouped GEMM's [L, C, F]: expert l's capacity rows, l x C rows apart.
+  TensorView a = act;
+  const int64_t lda = act.strides.empty() ? ffn : act.strides[0];
+  IL_CHECK(act.strides.empty() || act.strides[1] == 1 || ffn <= 1, op, ": act's rows must be contiguous (F)");
+  a.shape = {local, plan.capacity, ffn};
+  a.strides = {plan.capacity * lda, lda, 1};
+  const GroupedGemmProblem p = check_grouped_gemm_operands(op, a, w, nullptr, rows, device);
+  IL_CHECK(p.dtype == GemmDtype::kBf16, op, ": act and w must be bfloat16");
+  return p;
+}
+
 }  // namespace interlace

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "interlace/base/tensor.h"
+#include "interlace/gemm/grouped_args.h"
 #include "interlace/ops/moe/plan.h"
 
 namespace interlace {
@@ -27,5 +28,15 @@ MoeShape check_moe_dispatch_args(const TensorView& x, const TensorView& topk_idx
 // tokens is the dispatch's T on this rank; contiguous, 16-byte aligned, on the group's GPU, apart.
 void check_moe_combine_args(const TensorView& expert_out, const TensorView& out, const MoePlan& plan,
                             int64_t tokens, int device);
+
+// moe_gemm_combine's: act [recv_rows, F] bfloat16 in the receive rows' layout (F: the FFN width), from
+// a handle whose capacity_kind is per_expert (local expert l's rows start at l x capacity); w
+// [L, F, H] bfloat16 with H or F contiguous (Linear weights [L, H, F] passed as w.transpose(1, 2));
+// out [tokens, H] bfloat16, contiguous, 16-byte aligned, apart from act and w; rows: the handle's
+// expert_rows. Returns the grouped GEMM of act viewed as [L, C, F] (grouped_args.h checks its
+// strides and alignment; its messages call act "a" and w "b").
+GroupedGemmProblem check_moe_gemm_combine_args(const TensorView& act, const TensorView& w, const TensorView& out,
+                                               const TensorView& rows, const MoePlan& plan, int64_t tokens,
+                                               int device);
 
 }  // namespace interlace

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "interlace/base/cuda.h"
+#include "interlace/ops/moe/common_params.h"
 #include "interlace/ops/moe/kernel.cuh"
 #include "interlace/runtime/op_call.h"
 
@@ -30,9 +31,10 @@ std::string describe(const MoeShape& s) {
 // threads at most), never more CTAs than barrier words.
 int num_blocks(const Group& group) { return std::min(group.num_sms(), static_cast<int>(kMoeBarrierWords)); }
 
-MoeCommonParams common_params(Group& group, const OpCall& call, uint64_t signature, const MoeHandle& h,
-                              int64_t tokens) {
-  SymmetricHeap& heap = group.heap();
+}  // namespace
+
+MoeCommonParams moe_common_params(Group& group, const OpCall& call, uint64_t signature, const MoeHandle& h,
+                                  int64_t tokens) {
   MoeCommonParams c{};
   c.transport = call.nvlink();
   c.wait = call.wait_context();
@@ -40,11 +42,13 @@ MoeCommonParams common_params(Group& group, const OpCall& call, uint64_t signatu
   c.plan = h.plan();
   c.tokens = static_cast<int32_t>(tokens);
   c.workspace = h.workspace();
-  c.workspace_here = heap.local_base() + h.workspace();
+  c.workspace_here = group.heap().local_base() + h.workspace();
+  c.home_row = reinterpret_cast<int32_t*>(c.workspace_here + h.home_row_);
+  c.home_weight = reinterpret_cast<float*>(c.workspace_here + h.home_weight_);
+  c.expert_start = reinterpret_cast<int32_t*>(c.workspace_here + h.expert_start_);
+  c.expert_rows = reinterpret_cast<int32_t*>(c.workspace_here + h.expert_rows_);
   return c;
 }
-
-}  // namespace
 
 MoeHandle::MoeHandle(Group& group, const MoeShape& shape) : group_(group), shape_(shape), plan_(make_moe_plan(shape)) {
   const uint64_t slots = static_cast<uint64_t>(plan_.combine_rows);
@@ -116,12 +120,8 @@ void moe_dispatch(Group& group, MoeHandle& handle, const TensorView& x, const Te
   });
   const int64_t tokens = x.shape[0];
   MoeDispatchParams p{};
-  p.c = common_params(group, call, signature, handle, tokens);
+  p.c = moe_common_params(group, call, signature, handle, tokens);
   char* base = heap.local_base();
-  p.c.home_row = reinterpret_cast<int32_t*>(base + handle.workspace() + handle.home_row_);
-  p.c.home_weight = reinterpret_cast<float*>(base + handle.workspace() + handle.home_weight_);
-  p.c.expert_start = reinterpret_cast<int32_t*>(base + handle.workspace() + handle.expert_start_);
-  p.c.expert_rows = reinterpret_cast<int32_t*>(base + handle.workspace() + handle.expert_rows_);
   p.x = static_cast<const char*>(x.data);
   p.topk_idx = topk_idx.data;
   p.topk_weights = static_cast<const float*>(topk_weights.data);
@@ -154,12 +154,7 @@ void moe_combine(Group& group, MoeHandle& handle, const TensorView& expert_out, 
                           ", num_blocks=", blocks, ")");
   });
   MoeCombineParams p{};
-  p.c = common_params(group, call, signature, handle, handle.tokens());
-  char* base = group.heap().local_base() + handle.workspace();
-  p.c.home_row = reinterpret_cast<int32_t*>(base + handle.home_row_);
-  p.c.home_weight = reinterpret_cast<float*>(base + handle.home_weight_);
-  p.c.expert_start = reinterpret_cast<int32_t*>(base + handle.expert_start_);
-  p.c.expert_rows = reinterpret_cast<int32_t*>(base + handle.expert_rows_);
+  p.c = moe_common_params(group, call, signature, handle, handle.tokens());
   p.expert_out = static_cast<const char*>(expert_out.data);
   p.out = static_cast<char*>(out.data);
   call.launch([&](cudaStream_t s) { moe_combine_kernel<<<blocks, kMoeThreads, 0, s>>>(p); });

@@ -18,11 +18,15 @@
 #include <memory>
 
 #include "interlace/base/tensor.h"
+#include "interlace/gemm/grouped_args.h"
 #include "interlace/ops/moe/args.h"
 #include "interlace/ops/moe/plan.h"
 #include "interlace/runtime/group.h"
 
 namespace interlace {
+
+class OpCall;
+struct MoeCommonParams;
 
 // What a dispatch leaves for its combine and for the expert GEMMs: the receive rows, their slot
 // metadata, the exchanged counts, per local expert its rows, and at home each slot's row and weight.
@@ -55,7 +59,7 @@ class MoeHandle : public std::enable_shared_from_this<MoeHandle> {
 
  private:
   friend void moe_dispatch(Group&, MoeHandle&, const TensorView&, const TensorView&, const TensorView&, cudaStream_t);
-  friend void moe_combine(Group&, MoeHandle&, const TensorView&, const TensorView&, cudaStream_t);
+  friend MoeCommonParams moe_common_params(Group&, const OpCall&, uint64_t, const MoeHandle&, int64_t);
   TensorView view(uint64_t offset, std::vector<int64_t> shape, DLDataType dtype) const;
 
   Group& group_;
@@ -80,5 +84,14 @@ void moe_dispatch(Group& group, MoeHandle& handle, const TensorView& x, const Te
 // expert_x's layout (only the kept rows are read).
 void moe_combine(Group& group, MoeHandle& handle, const TensorView& expert_out, const TensorView& out,
                  cudaStream_t stream);
+
+// The experts' second FFN matmul fused with moe_combine, in one launch (ops/moe/gemm_combine.cuh):
+// expert l's output rows act[l C + r] @ w[l] for its kept rows r, each sent home from the GEMM's
+// epilogue as it is computed, then out [T, H] as moe_combine makes it, bit for bit (the same bits as
+// grouped_gemm into expert_out, then moe_combine). act [recv_rows, F] bf16 in expert_x's layout, w
+// [L, F, H] bf16 (Linear weights [L, H, F] as w.transpose(1, 2)); the handle's capacity_kind must be
+// per_expert (args.h). tuning: grouped_gemm's.
+void moe_gemm_combine(Group& group, MoeHandle& handle, const TensorView& act, const TensorView& w,
+                      const TensorView& out, cudaStream_t stream, GroupedGemmTuning tuning = {});
 
 }  // namespace interlace

@@ -1,0 +1,258 @@
+// What moe's kernels share (ops/moe/kernel.cuh, ops/moe/gemm_combine.cuh): their parameters and the
+// device functions of their phases. No kernels here: the header is included by several launch files.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "interlace/device/op_sequence.cuh"
+#include "interlace/device/transport.cuh"
+#include "interlace/ops/moe/flags.h"
+#include "interlace/ops/moe/plan.h"
+
+namespace interlace {
+
+constexpr int kMoeThreads = 512;
+constexpr int kMoeWarps = kMoeThreads / 32;
+static_assert(kMoeThreads >= kMoeMaxTopk, "a thread per top-k entry of a token");
+static_assert(kMoeThreads >= kMaxLocalRanks, "op_begin needs a thread per peer");
+
+// What both kernels share: where the handle's workspace is, its local arrays.
+struct MoeCommonParams {
+  device::NvlinkTransport transport;
+  device::WaitContext wait;
+  uint64_t signature;
+  MoePlan plan;
+  int32_t tokens;            // this rank's T (<= plan.tokens)
+  uint64_t workspace;        // heap offset of the handle's workspace: the plan's offsets start there
+  char* workspace_here;      // this rank's, as mapped here
+  int32_t* home_row;         // [tokens][k]: the slot's receive row at its expert's rank; -1 unused or dropped
+  float* home_weight;        // [tokens][k]
+  int32_t* expert_start;     // [L]: a local expert's first receive row
+  int32_t* expert_rows;      // [L]: its kept rows
+};
+
+struct MoeDispatchParams {
+  MoeCommonParams c;
+  const char* x;             // [tokens][row_bytes]
+  const void* topk_idx;      // [tokens][k], the kernel's IdxT
+  const float* topk_weights; // [tokens][k]
+  // Scratch of this call only.
+  int32_t* pos;              // [tokens][k]: the slot's number among this rank's slots for its expert
+  int32_t* run_row;          // [E]: this rank's run's first receive row for expert e (unclipped)
+  int32_t* run_kept;         // [E]: its kept rows
+  int32_t* dropped;          // [2]: slots dropped on all ranks, on this rank (zeroed in phase 0)
+};
+
+struct MoeCombineParams {
+  MoeCommonParams c;
+  const char* expert_out;    // [recv_rows][row_bytes]: the experts' outputs, in expert_x's layout
+  char* out;                 // [tokens][row_bytes]
+};
+
+namespace moe_detail {
+
+// This call's op number: ops.completed only moves in op_end, once every CTA of the op is out.
+__device__ __forceinline__ uint64_t op_number(const device::NvlinkTransport& t) {
+  return *reinterpret_cast<volatile uint64_t*>(&t.my_pad()->ops.completed) + 1;
+}
+
+// All threads: this CTA has finished `phase`; its stores, into peers too, are visible before its word rises.
+__device__ __forceinline__ void arrive(MoeFlags& f, uint64_t n, uint64_t phase) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    device::store_release_gpu(&f.barrier[blockIdx.x], n * kMoePhases + phase);
+  }
+}
+
+// Waits poll with the first warp only: every CTA waits at once, and a poller per thread of every
+// CTA would take L2 bandwidth from the CTAs still copying.
+constexpr int kMoePollers = 32;
+
+// All threads: waits until every CTA of this kernel has arrived at `phase`. False if a wait failed
+// (the group is aborted; the host raises).
+__device__ __forceinline__ bool await_all(MoeFlags& f, uint64_t n, uint64_t phase, const device::WaitContext& ctx,
+                                          int* failed) {
+  for (uint32_t b = threadIdx.x; threadIdx.x < kMoePollers && b < gridDim.x; b += kMoePollers) {
+    if (device::wait_until<false>(&f.barrier[b], n * kMoePhases + phase, ctx, FlagId::kBarrier, -1) == 0) *failed = 1;
+  }
+  __syncthreads();
+  return *failed == 0;
+}
+
+// All threads: waits until plan flags [first, first + count) reach n; flag i is raised by local
+// rank peer_of(i).
+template <class PeerOf>
+__device__ __forceinline__ bool await_flags(const MoeCommonParams& c, MoeFlags& f, int32_t first, int32_t count,
+                                            uint64_t n, FlagId id, PeerOf peer_of, int* failed) {
+  for (int32_t i = threadIdx.x; threadIdx.x < kMoePollers && i < count; i += kMoePollers) {
+    if (c.transport.wait(&f.plan[first + i], n, c.wait, id, peer_of(i)) == 0) *failed = 1;
+  }
+  __syncthreads();
+  return *failed == 0;
+}
+
+// All threads of one CTA: raises plan flags [first, first + count) to n on every rank.
+__device__ __forceinline__ void raise_everywhere(const MoeCommonParams& c, MoeFlags& f, int32_t first, int32_t count,
+                                                 uint64_t n) {
+  const int32_t world = c.plan.world;
+  for (int32_t i = threadIdx.x; i < world * count; i += blockDim.x) {
+    c.transport.signal(i / count, &f.plan[first + i % count], n);
+  }
+}
+
+// One warp: bytes (a multiple of 16) from src to dst in 16-byte vectors.
+__device__ __forceinline__ void warp_copy(char* dst, const char* src, int64_t bytes) {
+  const int lane = threadIdx.x % 32;
+  uint4* d = reinterpret_cast<uint4*>(dst);
+  const uint4* s = reinterpret_cast<const uint4*>(src);
+  for (int64_t v = lane; v < bytes / 16; v += 32) d[v] = s[v];
+}
+
+// Calls fn(row) for every kept receive row of this rank's local experts, one warp per row over the
+// whole grid (all lanes call fn with the same row). Rows are dealt to warps in one sequence over all
+// experts, not afresh per expert: with many experts of few rows each, starting every expert at warp
+// 0 left the copies to the first CTA (a decode combine ran 50x slower).
+template <class Fn>
+__device__ __forceinline__ void for_kept_rows(const MoeCommonParams& c, Fn fn) {
+  const int32_t warp = blockIdx.x * kMoeWarps + threadIdx.x / 32;
+  const int32_t warps = gridDim.x * kMoeWarps;
+  int32_t before = 0;  // kept rows of the experts before l, mod warps: where expert l's first row is dealt
+  for (int32_t l = 0; l < c.plan.experts_per_rank; ++l) {
+    const int32_t start = c.expert_start[l], rows = c.expert_rows[l];
+    for (int32_t i = (warp - before + warps) % warps; i < rows; i += warps) fn(start + i);
+    before = (before + rows) % warps;
+  }
+}
+
+template <class IdxT>
+__device__ __forceinline__ int32_t expert_at(const MoeDispatchParams& p, int64_t i) {
+  const IdxT e = static_cast<const IdxT*>(p.topk_idx)[i];
+  return e >= 0 && e < p.c.plan.experts ? static_cast<int32_t>(e) : -1;
+}
+
+// Phase 0, all threads: numbers this rank's slots for expert e in token order (pos; a token lists
+// an expert at most once, so entry order is token order) and returns how many there are.
+template <class IdxT>
+__device__ __forceinline__ int32_t number_slots(const MoeDispatchParams& p, int32_t e, int32_t* warp_hits) {
+  const int64_t entries = static_cast<int64_t>(p.c.tokens) * p.c.plan.topk;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int32_t running = 0;
+  for (int64_t base = 0; base < entries; base += blockDim.x) {
+    const int64_t i = base + threadIdx.x;
+    const bool hit = i < entries && expert_at<IdxT>(p, i) == e;
+    const uint32_t ballot = __ballot_sync(~0u, hit);
+    if (lane == 0) warp_hits[warp] = __popc(ballot);
+    __syncthreads();
+    int32_t before = running, total = 0;
+    for (int w = 0; w < kMoeWarps; ++w) {
+      const int32_t hits = warp_hits[w];
+      before += w < warp ? hits : 0;
+      total += hits;
+    }
+    if (hit) p.pos[i] = before + __popc(ballot & ((1u << lane) - 1u));
+    running += total;
+    __syncthreads();  // warp_hits is rewritten in the next round
+  }
+  return running;
+}
+
+// Phase 1, every thread of the grid: the closed forms for its experts, from the exchanged counts.
+__device__ __forceinline__ void lay_out(const MoeDispatchParams& p) {
+  const MoePlan& plan = p.c.plan;
+  const int32_t me = p.c.transport.local_rank;
+  const int32_t* counts = reinterpret_cast<const int32_t*>(p.c.workspace_here + plan.counts_offset);
+  for (int32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < plan.experts; e += gridDim.x * blockDim.x) {
+    p.run_row[e] = plan.run_row(counts, me, e);
+    p.run_kept[e] = plan.run_kept(counts, me, e);
+    const int32_t kept = plan.kept_rows(counts, e);
+    const int32_t lost = plan.expert_total(counts, e) - kept;
+    if (lost > 0) atomicAdd(&p.dropped[0], lost);
+    if (plan.rank_of_expert(e) == me) {
+      const int32_t l = plan.local_expert(e);
+      p.c.expert_start[l] = plan.first_row(counts, e);
+      p.c.expert_rows[l] = kept;
+      if (lost > 0) atomicAdd(&p.dropped[1], lost);
+    }
+  }
+}
+
+// Phase 2, all threads of the CTA, for one token: metadata of its kept slots, its row once per
+// destination rank. row/expert/primary: shared, one entry per top-k position.
+template <class IdxT>
+__device__ __forceinline__ void send_token(const MoeDispatchParams& p, int32_t token, int32_t* row, int32_t* expert,
+                                           int32_t* primary) {
+  const MoePlan& plan = p.c.plan;
+  const device::NvlinkTransport& t = p.c.transport;
+  const int32_t k = plan.topk, j = threadIdx.x;
+  const int64_t i = static_cast<int64_t>(token) * k + j;
+  if (j < k) {
+    const int32_t e = expert_at<IdxT>(p, i);
+    row[j] = e >= 0 ? MoePlan::kept_row(p.run_row[e], p.run_kept[e], p.pos[i]) : -1;
+    expert[j] = e;
+    p.c.home_row[i] = row[j];
+    p.c.home_weight[i] = p.topk_weights[i];
+  }
+  __syncthreads();
+  if (j < k) {
+    int32_t first = -1;  // the primary: the kept slot of the lowest-numbered expert on this slot's rank
+    if (row[j] >= 0) {
+      const int32_t d = plan.rank_of_expert(expert[j]);
+      first = plan.primary_of(expert, row, j);
+      // MoeSlot as one 16-byte store: source_token, source_rank | topk_pos << 16, primary_row, weight.
+      const uint4 slot = make_uint4(static_cast<uint32_t>(token),
+                                    static_cast<uint32_t>(t.local_rank & 0xffff) | static_cast<uint32_t>(j) << 16,
+                                    static_cast<uint32_t>(row[first]), __float_as_uint(p.topk_weights[i]));
+      *reinterpret_cast<uint4*>(t.heaps[d] + p.c.workspace + plan.slot_offset(row[j])) = slot;
+    }
+    primary[j] = first;
+  }
+  __syncthreads();
+  const char* src = p.x + static_cast<int64_t>(token) * plan.row_bytes;
+  for (int32_t q = 0; q < k; ++q) {
+    if (primary[q] != q) continue;  // shared: the same on every thread
+    t.put(plan.rank_of_expert(expert[q]), p.c.workspace + plan.recv_row_offset(row[q]), src,
+          static_cast<uint64_t>(plan.row_bytes));
+  }
+  __syncthreads();  // row, expert and primary are rewritten for the next token
+}
+
+// Phase 1 of the combine, one warp per token: the weighted sum of its kept slots' rows, in fp32 in
+// top-k order, one rounding to bf16; zeros for a token none of whose slots was kept.
+__device__ __forceinline__ void sum_token(const MoeCombineParams& p, int32_t token) {
+  const MoePlan& plan = p.c.plan;
+  const int lane = threadIdx.x % 32;
+  const int64_t vectors = plan.row_bytes / 16;
+  const char* rows = p.c.workspace_here + plan.combine_offset;
+  uint4* dst = reinterpret_cast<uint4*>(p.out + static_cast<int64_t>(token) * plan.row_bytes);
+  for (int64_t v = lane; v < vectors; v += 32) {
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int32_t j = 0; j < plan.topk; ++j) {
+      const int64_t i = static_cast<int64_t>(token) * plan.topk + j;
+      if (p.c.home_row[i] < 0) continue;
+      const float w = p.c.home_weight[i];
+      const uint4 y = reinterpret_cast<const uint4*>(rows + static_cast<int64_t>(plan.combine_row(token, j)) *
+                                                                plan.row_bytes)[v];
+      const uint32_t words[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+      for (int h = 0; h < 4; ++h) {
+        // bf16 to fp32 is exact (the top 16 bits); the rounded product, then the rounded sum.
+        acc[2 * h] = __fadd_rn(acc[2 * h], __fmul_rn(w, __uint_as_float(words[h] << 16)));
+        acc[2 * h + 1] = __fadd_rn(acc[2 * h + 1], __fmul_rn(w, __uint_as_float(words[h] & 0xffff0000u)));
+      }
+    }
+    uint32_t packed[4];
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      packed[h] = uint32_t{__bfloat16_as_ushort(__float2bfloat16_rn(acc[2 * h]))} |
+                  uint32_t{__bfloat16_as_ushort(__float2bfloat16_rn(acc[2 * h + 1]))} << 16;
+    }
+    dst[v] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  }
+}
+
+}  // namespace moe_detail
+
+}  // namespace interlace

@@ -1,0 +1,108 @@
+#include <algorithm>
+#include <type_traits>
+
+#include "interlace/base/cuda.h"
+#include "interlace/gemm/launch.cuh"
+#include "interlace/gemm/sm90_gemm_tma_warpspecialized.cuh"
+#include "interlace/gemm/tile_plan.h"
+#include "interlace/ops/moe/args.h"
+#include "interlace/ops/moe/common_params.h"
+#include "interlace/ops/moe/gemm_combine.cuh"
+#include "interlace/ops/moe/launch.h"
+#include "interlace/runtime/op_call.h"
+
+namespace interlace {
+namespace {
+
+using detail::concat;
+
+// grouped_gemm's kernel (ping-pong 128 x 128 tiles) with the combine's epilogue and phases.
+template <bool kBKMajor, int kClusterM>
+struct Variant {
+  using Element = cutlass::bfloat16_t;
+  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, GroupedOrder::kTileN, kClusterM, /*kPingpong=*/true>;
+  static_assert(Config::kTileM == GroupedOrder::kTileM && Config::kTileN == GroupedOrder::kTileN,
+                "the order counts the engine's tiles");
+  using Params =
+      gemm_engine::GemmParams<Config, GroupedOrder, gemm_engine::NoInputWait, CombineEpilogue<Element>, CombinePhases>;
+  static auto kernel() {
+    return gemm_engine::sm90_gemm_kernel<Config, GroupedOrder, gemm_engine::NoInputWait, CombineEpilogue<Element>,
+                                         CombinePhases>;
+  }
+  static_assert(sizeof(Params) <= 32764, "moe_gemm_combine's kernel parameters outgrew CUDA's limit");
+};
+
+template <class F>
+void with_variant(bool b_k_major, int cluster_m, F&& f) {
+  auto by_cluster = [&](auto k_major) {
+    constexpr bool kK = decltype(k_major)::value;
+    cluster_m == 2 ? f(Variant<kK, 2>{}) : f(Variant<kK, 1>{});
+  };
+  b_k_major ? by_cluster(std::true_type{}) : by_cluster(std::false_type{});
+}
+
+}  // namespace
+
+void moe_gemm_combine(Group& group, MoeHandle& handle, const TensorView& act, const TensorView& w,
+                      const TensorView& out, cudaStream_t stream, GroupedGemmTuning tuning) {
+  OpCall call(group, OpId::kMoeCombine, stream);
+  const MoePlan& plan = handle.plan();
+  GroupedGemmProblem p;
+  GroupedOrder::Params order;
+  int ctas = 0;
+  const TensorView rows = handle.expert_rows();
+  const uint64_t signature = call.agree([&] {
+    check_one_node(group, "moe_gemm_combine");
+    IL_CHECK(handle.tokens() >= 0,
+             "moe_gemm_combine: the handle has not dispatched yet; call moe_dispatch with it first");
+    p = check_moe_gemm_combine_args(act, w, out, rows, plan, handle.tokens(), group.device());
+    check_grouped_gemm_tuning(tuning);
+    // As grouped_gemm: pairs of a group's tile rows share each load of w[l] where C > 128.
+    if (tuning.cluster_m == 0) tuning.cluster_m = p.capacity > GroupedOrder::kTileM ? 2 : 1;
+    order = GroupedOrder::make(static_cast<const int32_t*>(rows.data), p.capacity, p.n, tuning.cluster_m);
+    IL_CHECK(p.groups * order.tile_rows * order.tiles_n <= kMaxGemmTiles, "moe_gemm_combine: ", p.groups,
+             " experts of ", order.tile_rows, " x ", order.tiles_n, " tiles are more than the ", kMaxGemmTiles,
+             " supported");
+    // Every CTA waits for the others in its last phase: no more than fit at once, and one barrier
+    // word each.
+    with_variant(p.b_k_major, tuning.cluster_m, [&](auto v) {
+      ctas = gemm_engine::resident_ctas_of<decltype(v)>(group.device(), group.num_sms());
+    });
+    ctas = std::min<int>(ctas, kMoeBarrierWords) / tuning.cluster_m * tuning.cluster_m;
+    IL_CHECK(ctas > 0, "moe_gemm_combine: no CTA of the kernel fits on this GPU");
+    return concat("moe_gemm_combine(experts=", plan.experts, ", topk=", plan.topk, ", hidden=", p.n,
+                  ", ffn=", p.k, ", max_tokens=", plan.tokens, ", capacity=", plan.capacity,
+                  ", workspace=", handle.workspace(), ", cluster_m=", tuning.cluster_m, ", ctas=", ctas, ")");
+  });
+  call.launch([&](cudaStream_t s) {
+    with_variant(p.b_k_major, tuning.cluster_m, [&](auto v) {
+      using V = decltype(v);
+      using Config = typename V::Config;
+      typename V::Params params{};
+      GemmProblem one;  // one expert's problem: C rows of F, times [F, H]
+      one.m = p.capacity;
+      one.n = p.n;
+      one.k = p.k;
+      one.lda = p.lda;
+      one.ldb = p.ldb;
+      params.mainloop = gemm_engine::mainloop_params<Config>(one, act.data, w.data, static_cast<int>(p.groups),
+                                                             p.group_a, p.group_b);
+      params.m = static_cast<int32_t>(p.capacity);
+      params.n = static_cast<int32_t>(p.n);
+      params.k = static_cast<int32_t>(p.k);
+      params.groups = static_cast<int32_t>(p.groups);
+      params.order = order;
+      params.num_tiles = static_cast<int32_t>(p.groups * order.tile_rows / tuning.cluster_m * order.tiles_n);
+      MoeGemmCombineParams& e = params.epilogue;
+      e.combine.c = moe_common_params(group, call, signature, handle, handle.tokens());
+      e.combine.out = static_cast<char*>(out.data);
+      e.slots = reinterpret_cast<const MoeSlot*>(e.combine.c.workspace_here + plan.slots_offset);
+      e.order = order;
+      params.phases = e;
+      params.copy_ctas = 0;
+      gemm_engine::launch_kernel<Config>(V::kernel(), params, ctas, s);
+    });
+  });
+}
+
+}  // namespace interlace

@@ -1,0 +1,135 @@
+// moe_gemm_combine over NVLink: the experts' second FFN matmul (a grouped GEMM over the local
+// experts' kept rows) fused with moe_combine, in one launch of the GEMM engine (DESIGN.md,
+// "moe_gemm_combine").
+//
+// The engine runs as grouped_gemm in GroupedOrder over the capacity-padded receive layout
+// (kPerExpert: local expert l's rows are [l C, l C + kept rows)), with three hooks filled in:
+//   Phases::begin      the op handshake: peers run the same call, and their previous op no longer
+//                      reads the combine rows this rank's epilogue stores into;
+//   CombineEpilogue    instead of storing a finished tile locally, sends each of its rows home: row
+//                      r of expert l is slot (l C + r), whose MoeSlot names the home rank, token and
+//                      top-k position j; the tile's columns go straight from registers into row
+//                      token x k + j of that rank's combine rows (moe_combine's phase 0, done by
+//                      the GEMM's own epilogue, so it overlaps the next tiles' math);
+//   Phases::end        once every CTA of this rank has stored its tiles (a grid barrier), CTA 0
+//                      raises this rank's "sent" flag on every rank; then every CTA waits for every
+//                      rank's, and sums its share of this rank's tokens: moe_combine's phase 1, bit
+//                      for bit (sum_token).
+// Every CTA waits on the others in Phases::end, so all must be resident: the launch takes at most
+// the clusters that fit at once. Every wait is bounded; a failed one returns and the call raises.
+#pragma once
+
+#include <cstdint>
+
+#include "cute/tensor.hpp"
+#include "interlace/gemm/grouped_order.h"
+#include "interlace/ops/moe/device.cuh"
+
+namespace interlace {
+
+struct MoeGemmCombineParams {
+  MoeCombineParams combine;  // expert_out is unused: the rows go home from registers
+  const MoeSlot* slots;      // this rank's, [recv_rows]
+  GroupedOrder::Params order;
+};
+
+namespace moe_detail {
+
+// Rank q's "every row it computed has been stored home" flag in the combine's region: the word of
+// its first expert's combined flag, which the unfused combine raises too (with its own op numbers,
+// so the two never confuse each other).
+__device__ __forceinline__ int32_t sent_flag(const MoePlan& plan, int32_t q) {
+  return plan.combined_flag(plan.expert_of(q, 0));
+}
+
+}  // namespace moe_detail
+
+template <class Element>
+struct CombineEpilogue {
+  using Params = MoeGemmCombineParams;
+
+  // Consumers, with a finished 128 x kTileN tile of local expert `group` in registers: each row the
+  // expert kept goes to its home rank's combine row, 4-byte column pairs (H is a multiple of 8, so a
+  // pair never straddles the row's end). Rows past the expert's kept rows (TMA read zeros there)
+  // and columns past H are not stored.
+  template <class TileShape, class Accumulators, class TiledMma>
+  __device__ __forceinline__ static void store(const Params& p, const Accumulators& accum, const TiledMma& tiled_mma,
+                                               int thread_idx, int m_idx, int n_idx, int /*m*/, int n) {
+    using namespace cute;
+    constexpr int kTileM = decltype(size<0>(TileShape{}))::value;
+    constexpr int kTileN = decltype(size<1>(TileShape{}))::value;
+    static_assert(decltype(size(Accumulators{}))::value % 2 == 0, "wgmma accumulators come in column pairs");
+    const MoeCommonParams& c = p.combine.c;
+    const MoePlan& plan = c.plan;
+    int32_t group, tile_row;
+    GroupedOrder::locate(p.order, m_idx, group, tile_row);
+    const int32_t kept = GroupedOrder::rows_of(p.order, group);
+    const int32_t row0 = tile_row * kTileM;
+    if (row0 >= kept) return;  // a cluster partner's tile row past the expert's rows
+    const int32_t col0 = n_idx * kTileN;
+    const MoeSlot* slots = p.slots + static_cast<int64_t>(group) * plan.capacity + row0;
+    Tensor coords = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));
+    Tensor tile_coords = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
+    using Pair = cutlass::AlignedArray<Element, 2>;
+    CUTE_UNROLL
+    for (int i = 0; i < size(accum); i += 2) {  // values i and i+1 are columns c and c+1 of one row
+      const int row = get<0>(tile_coords(i));
+      const int col = col0 + get<1>(tile_coords(i));
+      if (row0 + row >= kept || col >= n) continue;
+      const MoeSlot s = slots[row];  // the dispatch wrote it for every kept row; checked all the same
+      if (s.source_rank < 0 || s.source_rank >= plan.world || s.source_token < 0 || s.source_token >= plan.tokens ||
+          s.topk_pos < 0 || s.topk_pos >= plan.topk) {
+        continue;
+      }
+      Pair pair;
+      pair[0] = Element(accum(i));
+      pair[1] = Element(accum(i + 1));
+      *reinterpret_cast<Pair*>(c.transport.heaps[s.source_rank] + c.workspace +
+                               plan.combine_row_offset(s.source_token, s.topk_pos) + col * sizeof(Element)) = pair;
+    }
+  }
+};
+
+struct CombinePhases {
+  using Params = MoeGemmCombineParams;
+
+  __device__ static bool begin(const Params& p) {
+    return device::op_enter(p.combine.c.transport, p.combine.c.wait, p.combine.c.signature);
+  }
+  __device__ static void helpers(const Params&, int /*thread*/, int /*threads*/) {}
+  __device__ static void copy(const Params&, int /*cta*/, int /*ctas*/) {}
+
+  // Every thread of every CTA, after its tiles (the engine's __syncthreads before this).
+  __device__ static void end(const Params& p) {
+    using namespace moe_detail;
+    const MoeCommonParams& c = p.combine.c;
+    const device::NvlinkTransport& t = c.transport;
+    const MoePlan& plan = c.plan;
+    MoeFlags& flags = *op_flags<MoeFlags, OpId::kMoeCombine>(t.my_pad());
+    __shared__ uint64_t n;
+    __shared__ int failed;
+    if (threadIdx.x == 0) {
+      n = op_number(t);
+      failed = 0;
+    }
+    arrive(flags, n, 0);  // this CTA's stores home are visible everywhere before its word rises
+    if (blockIdx.x == 0) {
+      if (!await_all(flags, n, 0, c.wait, &failed)) return;
+      if (threadIdx.x < plan.world) t.signal(threadIdx.x, &flags.plan[sent_flag(plan, t.local_rank)], n);
+    }
+    if (threadIdx.x < plan.world &&
+        t.wait(&flags.plan[sent_flag(plan, threadIdx.x)], n, c.wait, FlagId::kCombined, threadIdx.x) == 0) {
+      failed = 1;
+    }
+    __syncthreads();
+    if (failed) return;
+    const int32_t warps_per_cta = blockDim.x / 32;
+    const int32_t warps = gridDim.x * warps_per_cta;
+    for (int32_t token = blockIdx.x * warps_per_cta + threadIdx.x / 32; token < c.tokens; token += warps) {
+      sum_token(p.combine, token);
+    }
+    device::op_end(t);
+  }
+};
+
+}  // namespace interlace
