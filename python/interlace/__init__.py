@@ -134,7 +134,7 @@ def gemm(a, b, out, *, stream=None, band_m=0, tile_n=0, cluster_m=0, pingpong=Tr
             band_m=band_m, tile_n=tile_n, cluster_m=cluster_m, pingpong=pingpong)
 
 
-def grouped_gemm(a, b, out, rows, *, stream=None, cluster_m=0):
+def grouped_gemm(a, b, out, rows, *, stream=None, cluster_m=0, tile_n=0):
     """G GEMMs in one launch, a mixture of experts' FFN matmul on the tokens each expert received:
     out[g, :rows[g]] = a[g, :rows[g]] @ b[g] for every group g. a is [G, C, K] (C rows per group, the
     capacity), b [G, K, N] with N or K contiguous (Linear weights w [G, N, K] go in as
@@ -142,15 +142,16 @@ def grouped_gemm(a, b, out, rows, *, stream=None, cluster_m=0):
     rows: int32 [G] on the GPU, the row count of each group, clamped to C; it is read by the kernel and
     never synced to the host, so the counts can come straight from a routing kernel. Rows of out at or
     past rows[g] are left as they are. Rows and group strides 16-byte aligned (K and N multiples of 8);
-    out may not overlap a, b or rows. Stream-ordered and CUDA-graph capturable. Tiles are 128 x 128,
-    ping-pong; cluster_m, 1 or 2 (0: automatic, 2 where C > 128), is how many CTAs share each load of
-    b[g]. Raises interlace.Error before any GPU work on bad arguments."""
+    out may not overlap a, b or rows. Stream-ordered and CUDA-graph capturable. tile_n: 128 (128 x 128
+    tiles, ping-pong) or 256 (128 x 256, cooperative); cluster_m, 1 or 2, is how many CTAs share each
+    load of b[g]; 0: automatic (tile_n 256 and cluster_m 1 where C <= 384, else 128 and 2). Raises interlace.Error before any GPU
+    work on bad arguments."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: interlace.grouped_gemm writes into out")
     if stream is None:
         stream = _frameworks.current_stream(out, a, b)
     _C.grouped_gemm(_frameworks.as_dlpack(a), _frameworks.as_dlpack(b), _frameworks.as_dlpack(out),
-                    _frameworks.as_dlpack(rows), stream=stream, cluster_m=cluster_m)
+                    _frameworks.as_dlpack(rows), stream=stream, cluster_m=cluster_m, tile_n=tile_n)
 
 
 def _check_scale(op, softmax_scale):
@@ -335,14 +336,14 @@ def moe_combine(expert_out, handle, group, *, out, stream=None):
     return out
 
 
-def moe_gemm_combine(act, w, handle, group, *, out, stream=None, cluster_m=0):
+def moe_gemm_combine(act, w, handle, group, *, out, stream=None, cluster_m=0, tile_n=0):
     """The experts' second FFN matmul fused with moe_combine, in one launch: for each local expert l and
     each row r it kept in moe_dispatch(..., handle), act[l C + r] @ w[l] is computed and sent straight
     from the GEMM's epilogue to its token's home rank, where out [T, hidden] bf16 is then summed as
     moe_combine sums it. The same bits as grouped_gemm into an expert_out followed by moe_combine.
     act: [recv_rows, F] bf16 in expert_x's layout (F: the FFN width); w: [L, F, hidden] bf16 (Linear
     weights [L, hidden, F] go in as w.transpose(1, 2)). The handle's capacity_kind must be
-    "per_expert". cluster_m as grouped_gemm's. Collective, stream-ordered, graph-capturable; raises
+    "per_expert". cluster_m and tile_n as grouped_gemm's. Collective, stream-ordered, graph-capturable; raises
     interlace.Error before any GPU work on bad arguments."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: interlace.moe_gemm_combine writes into out")
@@ -350,7 +351,7 @@ def moe_gemm_combine(act, w, handle, group, *, out, stream=None, cluster_m=0):
     if stream is None:
         stream = _frameworks.current_stream(out, act, w)
     _C.moe_gemm_combine(_frameworks.as_dlpack(act), _frameworks.as_dlpack(w), _frameworks.as_dlpack(out), handle,
-                        native, stream=stream, cluster_m=cluster_m)
+                        native, stream=stream, cluster_m=cluster_m, tile_n=tile_n)
     return out
 
 

@@ -362,13 +362,13 @@ NB_MODULE(_interlace, m) {
 
   m.def("grouped_gemm",
         [](nb::ndarray<nb::ro> a, nb::ndarray<nb::ro> b, nb::ndarray<> out, nb::ndarray<nb::ro> rows,
-           uintptr_t stream, int cluster_m) {
+           uintptr_t stream, int cluster_m, int tile_n) {
           TensorView va = view_of(a), vb = view_of(b), vo = view_of(out), vr = view_of(rows);
           nb::gil_scoped_release release;
-          grouped_gemm(va, vb, vo, vr, reinterpret_cast<cudaStream_t>(stream), GroupedGemmTuning{cluster_m});
+          grouped_gemm(va, vb, vo, vr, reinterpret_cast<cudaStream_t>(stream), GroupedGemmTuning{cluster_m, tile_n});
         },
         "a"_a.noconvert(), "b"_a.noconvert(), "out"_a.noconvert(), "rows"_a.noconvert(), nb::kw_only(), "stream"_a,
-        "cluster_m"_a = 0);
+        "cluster_m"_a = 0, "tile_n"_a = 0);
 
   m.def("attention",
         [](nb::ndarray<nb::ro> q, nb::ndarray<nb::ro> k, nb::ndarray<nb::ro> v, nb::ndarray<> out,
@@ -457,14 +457,14 @@ NB_MODULE(_interlace, m) {
 
   m.def("moe_gemm_combine",
         [](nb::ndarray<nb::ro> act, nb::ndarray<nb::ro> w, nb::ndarray<> out, MoeHandle& handle, Group& group,
-           uintptr_t stream, int cluster_m) {
+           uintptr_t stream, int cluster_m, int tile_n) {
           TensorView va = view_of(act), vw = view_of(w), vo = view_of(out);
           nb::gil_scoped_release release;
           moe_gemm_combine(group, handle, va, vw, vo, reinterpret_cast<cudaStream_t>(stream),
-                           GroupedGemmTuning{cluster_m});
+                           GroupedGemmTuning{cluster_m, tile_n});
         },
         "act"_a.noconvert(), "w"_a.noconvert(), "out"_a.noconvert(), "handle"_a, "group"_a, nb::kw_only(), "stream"_a,
-        "cluster_m"_a = 0);
+        "cluster_m"_a = 0, "tile_n"_a = 0);
 
   m.def("_check_moe_dispatch_args",
         [](nb::ndarray<nb::ro> x, nb::ndarray<nb::ro> topk_idx, nb::ndarray<nb::ro> topk_weights, int64_t experts,

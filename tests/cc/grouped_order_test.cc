@@ -42,13 +42,13 @@ std::vector<Tile> walk(const GroupedOrder::Params& p, int32_t groups, int32_t fi
 
 TEST(GroupedOrder, TheWalksTogetherTakeEachTileOfEachGroupsRowsOnce) {
   std::mt19937 rng(7);
-  for (int cluster_m : {1, 2}) {
+  for (auto [cluster_m, tile_n] : {std::pair{1, 128}, {2, 128}, {1, 256}, {2, 256}}) {
     for (auto [groups, capacity, n] : {std::tuple{1, 1, 8}, {4, 100, 300}, {8, 129, 256}, {128, 512, 4096},
                                        {3, 1000, 8}, {64, 1536, 2048}}) {
       std::vector<int32_t> rows(groups);
       for (auto& r : rows) r = static_cast<int32_t>(rng() % (2 * capacity + 1)) - capacity / 4;  // below 0, past C
       rows[0] = 0;
-      const GroupedOrder::Params p = GroupedOrder::make(rows.data(), capacity, n, cluster_m);
+      const GroupedOrder::Params p = GroupedOrder::make(rows.data(), capacity, n, cluster_m, tile_n);
       std::set<Tile> expected;
       for (int32_t g = 0; g < groups; ++g) {
         const int32_t used = std::min(std::max(rows[g], 0), capacity);
@@ -79,7 +79,7 @@ TEST(GroupedOrder, SparseGroupsStillSpreadOverEveryWalk) {
   // 64 groups of capacity 1536 using 200 rows each: 2 tile rows of 12, 16 columns. Positions over all
   // of C would leave most of 66 two-CTA clusters without a tile; dense positions give each 15 or 16.
   const std::vector<int32_t> rows(64, 200);
-  const GroupedOrder::Params p = GroupedOrder::make(rows.data(), 1536, 2048, 2);
+  const GroupedOrder::Params p = GroupedOrder::make(rows.data(), 1536, 2048, 2, 128);
   EXPECT_EQ(GroupedOrder::count(p, 64), 64 * 1 * 16);
   for (int32_t first = 0; first < 66; ++first) {
     int32_t taken = 0;
@@ -93,7 +93,7 @@ TEST(GroupedOrder, AGroupsColumnsRunOneAfterAnother) {
   // 2 groups of 300 rows (3 tile rows), 2 columns: group 0's column 0 top to bottom, then its
   // column 1, then group 1's; group 1 uses 130 rows, so 2 of its tile rows.
   const std::vector<int32_t> rows = {300, 130};
-  const GroupedOrder::Params p = GroupedOrder::make(rows.data(), 300, 256, 1);
+  const GroupedOrder::Params p = GroupedOrder::make(rows.data(), 300, 256, 1, 128);
   ASSERT_EQ(GroupedOrder::count(p, 2), 10);
   std::vector<std::pair<int32_t, int32_t>> walked;
   GroupedOrder::Cursor at;

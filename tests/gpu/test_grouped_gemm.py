@@ -136,7 +136,7 @@ def test_matches_fp32_reference_on_the_first_rows_of_each_group(g, c, k, n, dtyp
 
 # Both compiled variants (one- and two-CTA clusters) on shapes where a cluster's second tile row lies
 # past a group's rows, past C, or both.
-TUNINGS = [dict(cluster_m=1), dict(cluster_m=2)]
+TUNINGS = [dict(cluster_m=c, tile_n=t) for c in (1, 2) for t in (128, 256)]
 
 
 @pytest.mark.parametrize("tuning", TUNINGS, ids=lambda t: "-".join(f"{k}{v}" for k, v in t.items()))

@@ -20,15 +20,21 @@ struct GroupedGemmProblem {
   int64_t group_a = 0, group_b = 0, group_out = 0;      // group strides, elements
 };
 
-// 0 means automatic. Tiles are always ping-pong 128 x 128 (cooperative 128 x 256 tiles put their
-// accumulators in local memory here).
+// 0 means automatic (resolved_grouped_gemm_tuning: 128 x 256 tiles without pairs where C <= 384,
+// else 128 x 128 tiles in pairs).
 struct GroupedGemmTuning {
   int cluster_m = 0;  // CTAs per cluster along M, 1 or 2 (2: a group's tile-row pairs share B through
-                      // multicast; automatic: 2 where C > 128)
+                      // multicast)
+  int tile_n = 0;     // 128: 128 x 128 tiles, ping-pong (a warpgroup's epilogue beside the other's math);
+                      // 256: 128 x 256, cooperative (both warpgroups on one tile: half the loads of B
+                      // per flop)
 };
 
 // Raises unless every setting is one grouped_gemm has.
 void check_grouped_gemm_tuning(const GroupedGemmTuning& tuning);
+
+// The settings a launch with C = capacity rows per group takes: tuning's, automatic ones filled in.
+GroupedGemmTuning resolved_grouped_gemm_tuning(GroupedGemmTuning tuning, int64_t capacity);
 
 // a: [G, C, K], rows K-contiguous; b: [G, K, N], N-contiguous or K-contiguous (w.transpose(1, 2) of
 // Linear weights [G, N, K]); out: [G, C, N], rows N-contiguous; rows: int32 [G], contiguous, read on

@@ -45,13 +45,12 @@ __global__ void zero_rows_kernel(Element* out, int64_t ldc, int64_t group_stride
   }
 }
 
-// Ping-pong consumers on 128 x 128 tiles, the plain GEMM's default.
-template <class Element, bool kBKMajor, int kClusterM>
+// 128 x 128 tiles with ping-pong consumers (the plain GEMM's default), or 128 x 256 cooperative.
+template <class Element, bool kBKMajor, int kClusterM, int kTileN>
 void launch(const GroupedGemmProblem& p, const TensorView& a, const TensorView& b, const TensorView& out,
             const GroupedOrder::Params& order, cudaStream_t stream, int num_sms) {
-  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, GroupedOrder::kTileN, kClusterM, /*kPingpong=*/true>;
-  static_assert(Config::kTileM == GroupedOrder::kTileM && Config::kTileN == GroupedOrder::kTileN,
-                "the order counts the engine's tiles");
+  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, /*kPingpong=*/kTileN == 128>;
+  static_assert(Config::kTileM == GroupedOrder::kTileM, "the order counts the engine's tiles");
   using Epilogue = GroupedStore<Element>;
   using Params = gemm_engine::GemmParams<Config, GroupedOrder, gemm_engine::NoInputWait, Epilogue>;
   constexpr auto kernel = gemm_engine::sm90_gemm_kernel<Config, GroupedOrder, gemm_engine::NoInputWait, Epilogue>;
@@ -86,14 +85,10 @@ void grouped_gemm(const TensorView& a, const TensorView& b, const TensorView& ou
   IL_CUDA_CHECK(cudaGetDevice(&device));
   if (a.device.device_type == kDLCUDA) device = a.device.device_id;
   const GroupedGemmProblem p = check_grouped_gemm_args(a, b, out, rows, device);
-  check_grouped_gemm_tuning(tuning);
+  tuning = resolved_grouped_gemm_tuning(tuning, p.capacity);
   require_hopper(device, "grouped_gemm");
-  // Pairs of tile rows sharing each load of b[g] took the MoE shapes from 0.65-0.8x to about parity
-  // with cuBLAS (bench/results/NOTES.md); with a single tile row per group (C <= 128: decode) a pair's
-  // second CTA would only multiply zeros, at twice the time.
-  if (tuning.cluster_m == 0) tuning.cluster_m = p.capacity > GroupedOrder::kTileM ? 2 : 1;
   const GroupedOrder::Params order =
-      GroupedOrder::make(static_cast<const int32_t*>(rows.data), p.capacity, p.n, tuning.cluster_m);
+      GroupedOrder::make(static_cast<const int32_t*>(rows.data), p.capacity, p.n, tuning.cluster_m, tuning.tile_n);
   IL_CHECK(p.groups * order.tile_rows * order.tiles_n <= kMaxGemmTiles, "grouped_gemm: ", p.groups, " groups of ",
            order.tile_rows, " x ", order.tiles_n, " tiles are more than the ", kMaxGemmTiles, " supported");
 
@@ -101,15 +96,18 @@ void grouped_gemm(const TensorView& a, const TensorView& b, const TensorView& ou
   if (p.groups == 0 || p.capacity == 0 || p.n == 0) return;
   int num_sms = 0;
   IL_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-  auto run = [&](auto element, auto b_k_major, auto cluster) {
+  auto run = [&](auto element, auto b_k_major, auto cluster, auto tile_n) {
     using Element = decltype(element);
-    constexpr bool kBKMajor = decltype(b_k_major)::value;
-    constexpr int kClusterM = decltype(cluster)::value;
-    launch<Element, kBKMajor, kClusterM>(p, a, b, out, order, stream, num_sms);
+    launch<Element, decltype(b_k_major)::value, decltype(cluster)::value, decltype(tile_n)::value>(p, a, b, out, order,
+                                                                                                  stream, num_sms);
+  };
+  auto by_tile = [&](auto element, auto b_k_major, auto cluster) {
+    tuning.tile_n == 256 ? run(element, b_k_major, cluster, std::integral_constant<int, 256>{})
+                         : run(element, b_k_major, cluster, std::integral_constant<int, 128>{});
   };
   auto by_cluster = [&](auto element, auto b_k_major) {
-    tuning.cluster_m == 2 ? run(element, b_k_major, std::integral_constant<int, 2>{})
-                          : run(element, b_k_major, std::integral_constant<int, 1>{});
+    tuning.cluster_m == 2 ? by_tile(element, b_k_major, std::integral_constant<int, 2>{})
+                          : by_tile(element, b_k_major, std::integral_constant<int, 1>{});
   };
   auto by_layout = [&](auto element) {
     using Element = decltype(element);

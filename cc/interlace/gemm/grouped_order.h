@@ -24,17 +24,16 @@ struct GroupedOrder {
     int32_t tiles_n = 0;
   };
 
-  static constexpr int32_t kTileM = 128;
-  static constexpr int32_t kTileN = 128;
+  static constexpr int32_t kTileM = 128;  // the engine's tile height (tile_n: its width, 128 or 256)
 
-  static Params make(const int32_t* rows, int64_t capacity, int64_t n, int cluster_m) {
+  static Params make(const int32_t* rows, int64_t capacity, int64_t n, int cluster_m, int tile_n) {
     Params p;
     p.rows = rows;
     p.capacity = static_cast<int32_t>(capacity);
     p.cluster_m = cluster_m;
     const int64_t cluster_rows = (capacity + kTileM * cluster_m - 1) / (kTileM * cluster_m);
     p.tile_rows = static_cast<int32_t>(cluster_rows * cluster_m);
-    p.tiles_n = static_cast<int32_t>((n + kTileN - 1) / kTileN);
+    p.tiles_n = static_cast<int32_t>((n + tile_n - 1) / tile_n);
     return p;
   }
 

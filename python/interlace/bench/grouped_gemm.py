@@ -26,7 +26,8 @@ flags.DEFINE_integer("warmup", 3, "")
 flags.DEFINE_integer("iters", 10, "")
 flags.DEFINE_string("command", "", "")
 flags.DEFINE_list("sizes", [], "config names (default: all of them)")
-flags.DEFINE_list("tunings", [], "cluster_m values to time besides the automatic one (0)")
+flags.DEFINE_list("tunings", [], "cluster_m:tile_n settings to time besides the automatic ones (0:0); "
+                  "a bare cluster_m keeps the automatic tile_n")
 
 # (name, G, C, K, N): GEMM1 is the gate and up projections side by side (N = 2 x the FFN width),
 # GEMM2 the down projection.
@@ -36,6 +37,13 @@ CONFIGS = [
     ("mixtral_gemm1", 4, 4096, 4096, 28672),  # Mixtral-like: 4 local experts, FFN width 14336
     ("mixtral_gemm2", 4, 4096, 14336, 4096),
     ("decode", 32, 16, 7168, 4096),          # decode: a few tokens per expert
+    # The moe bench's layers over 2 ranks, C about 1.25x the mean count, as a no-drop capacity makes it:
+    # DeepSeek-V3-like 128 local experts of about 256 rows (the last tile row mostly empty), and
+    # Mixtral-like 4 of about 2048.
+    ("dsv3_ep2_gemm1", 128, 320, 7168, 4096),
+    ("dsv3_ep2_gemm2", 128, 320, 2048, 7168),
+    ("mixtral_ep2_gemm1", 4, 2560, 4096, 28672),
+    ("mixtral_ep2_gemm2", 4, 2560, 14336, 4096),
 ]
 # random: about 0.8 C per group; full: C; sparse: about C / 8, as when C is sized for the worst
 # routing and most experts get far fewer tokens.
@@ -68,13 +76,14 @@ def poison(out):
 
 def tunings():
     """{label: grouped_gemm keyword arguments}: the automatic settings as "interlace", then each
-    cluster_m of --tunings as "interlace[cluster_m]" ("0:0", what the launcher always passes first, is
-    the automatic one)."""
+    cluster_m:tile_n of --tunings as "interlace[cluster_m=..,tile_n=..]" ("0:0", what the launcher
+    always passes first, is the automatic one)."""
     out = {"interlace": {}}
     for t in FLAGS.tunings:
-        cluster_m = int(t.split(":")[0])
-        if cluster_m:
-            out[f"interlace[cluster_m={cluster_m}]"] = {"cluster_m": cluster_m}
+        fields = [int(v) for v in t.split(":")] + [0]
+        kwargs = {k: v for k, v in zip(("cluster_m", "tile_n"), fields[:2]) if v}
+        if kwargs:
+            out["interlace[" + ",".join(f"{k}={v}" for k, v in kwargs.items()) + "]"] = kwargs
     return out
 
 

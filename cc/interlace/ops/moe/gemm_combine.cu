@@ -16,13 +16,13 @@ namespace {
 
 using detail::concat;
 
-// grouped_gemm's kernel (ping-pong 128 x 128 tiles) with the combine's epilogue and phases.
-template <bool kBKMajor, int kClusterM>
+// grouped_gemm's kernel (its tiles: 128 x 128 ping-pong or 128 x 256 cooperative) with the
+// combine's epilogue and phases.
+template <bool kBKMajor, int kClusterM, int kTileN>
 struct Variant {
   using Element = cutlass::bfloat16_t;
-  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, GroupedOrder::kTileN, kClusterM, /*kPingpong=*/true>;
-  static_assert(Config::kTileM == GroupedOrder::kTileM && Config::kTileN == GroupedOrder::kTileN,
-                "the order counts the engine's tiles");
+  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, /*kPingpong=*/kTileN == 128>;
+  static_assert(Config::kTileM == GroupedOrder::kTileM, "the order counts the engine's tiles");
   using Params =
       gemm_engine::GemmParams<Config, GroupedOrder, gemm_engine::NoInputWait, CombineEpilogue<Element>, CombinePhases>;
   static auto kernel() {
@@ -33,10 +33,15 @@ struct Variant {
 };
 
 template <class F>
-void with_variant(bool b_k_major, int cluster_m, F&& f) {
-  auto by_cluster = [&](auto k_major) {
+void with_variant(bool b_k_major, const GroupedGemmTuning& tuning, F&& f) {
+  auto by_tile = [&](auto k_major, auto cluster) {
     constexpr bool kK = decltype(k_major)::value;
-    cluster_m == 2 ? f(Variant<kK, 2>{}) : f(Variant<kK, 1>{});
+    constexpr int kM = decltype(cluster)::value;
+    tuning.tile_n == 256 ? f(Variant<kK, kM, 256>{}) : f(Variant<kK, kM, 128>{});
+  };
+  auto by_cluster = [&](auto k_major) {
+    tuning.cluster_m == 2 ? by_tile(k_major, std::integral_constant<int, 2>{})
+                          : by_tile(k_major, std::integral_constant<int, 1>{});
   };
   b_k_major ? by_cluster(std::true_type{}) : by_cluster(std::false_type{});
 }
@@ -56,26 +61,26 @@ void moe_gemm_combine(Group& group, MoeHandle& handle, const TensorView& act, co
     IL_CHECK(handle.tokens() >= 0,
              "moe_gemm_combine: the handle has not dispatched yet; call moe_dispatch with it first");
     p = check_moe_gemm_combine_args(act, w, out, rows, plan, handle.tokens(), group.device());
-    check_grouped_gemm_tuning(tuning);
-    // As grouped_gemm: pairs of a group's tile rows share each load of w[l] where C > 128.
-    if (tuning.cluster_m == 0) tuning.cluster_m = p.capacity > GroupedOrder::kTileM ? 2 : 1;
-    order = GroupedOrder::make(static_cast<const int32_t*>(rows.data), p.capacity, p.n, tuning.cluster_m);
+    tuning = resolved_grouped_gemm_tuning(tuning, p.capacity);
+    order = GroupedOrder::make(static_cast<const int32_t*>(rows.data), p.capacity, p.n, tuning.cluster_m,
+                               tuning.tile_n);
     IL_CHECK(p.groups * order.tile_rows * order.tiles_n <= kMaxGemmTiles, "moe_gemm_combine: ", p.groups,
              " experts of ", order.tile_rows, " x ", order.tiles_n, " tiles are more than the ", kMaxGemmTiles,
              " supported");
     // Every CTA waits for the others in its last phase: no more than fit at once, and one barrier
     // word each.
-    with_variant(p.b_k_major, tuning.cluster_m, [&](auto v) {
+    with_variant(p.b_k_major, tuning, [&](auto v) {
       ctas = gemm_engine::resident_ctas_of<decltype(v)>(group.device(), group.num_sms());
     });
     ctas = std::min<int>(ctas, kMoeBarrierWords) / tuning.cluster_m * tuning.cluster_m;
     IL_CHECK(ctas > 0, "moe_gemm_combine: no CTA of the kernel fits on this GPU");
     return concat("moe_gemm_combine(experts=", plan.experts, ", topk=", plan.topk, ", hidden=", p.n,
                   ", ffn=", p.k, ", max_tokens=", plan.tokens, ", capacity=", plan.capacity,
-                  ", workspace=", handle.workspace(), ", cluster_m=", tuning.cluster_m, ", ctas=", ctas, ")");
+                  ", workspace=", handle.workspace(), ", cluster_m=", tuning.cluster_m, ", tile_n=", tuning.tile_n,
+                  ", ctas=", ctas, ")");
   });
   call.launch([&](cudaStream_t s) {
-    with_variant(p.b_k_major, tuning.cluster_m, [&](auto v) {
+    with_variant(p.b_k_major, tuning, [&](auto v) {
       using V = decltype(v);
       using Config = typename V::Config;
       typename V::Params params{};
