@@ -17,6 +17,7 @@ in the symmetric heap, so all_gather takes its staged path and all_reduce its no
     moe = interlace.jax.MoeBuffers(group, num_experts=64, topk=2, hidden=4096, max_tokens=512, capacity=1024)
     ex, starts, rows = interlace.jax.moe_dispatch(x, topk_idx, topk_weights, moe)  # per expert: rows of ex
     y = interlace.jax.moe_combine(expert_out, moe, tokens=x.shape[0])             # back home, weighted sum
+    y = interlace.jax.moe_gemm_combine(act, w2, moe, tokens=x.shape[0])           # act @ w2[l], then as moe_combine
     o, lse = interlace.jax.attention(q, k, v, causal=True)              # [B, S, H, D] on one GPU
     o, lse = interlace.jax.ring_attention(q, k, v, group, causal=True)  # this rank's zigzag shard of a sequence
 
@@ -40,7 +41,8 @@ from interlace._group import native as _native
 # The custom-call target names; the handlers register under these for platform "CUDA".
 TARGETS = ("interlace_all_gather", "interlace_gemm", "interlace_grouped_gemm", "interlace_ag_gemm",
            "interlace_gemm_rs", "interlace_gemm_ar", "interlace_reduce_scatter", "interlace_all_reduce",
-           "interlace_moe_dispatch", "interlace_moe_combine", "interlace_attention", "interlace_ring_attention")
+           "interlace_moe_dispatch", "interlace_moe_combine", "interlace_moe_gemm_combine", "interlace_attention",
+           "interlace_ring_attention")
 
 # all_reduce's algorithm names, as interlace.all_reduce takes them (ReduceAlgorithm's values).
 _REDUCE_ALGORITHMS = {"auto": 0, "one_shot": 2, "two_shot": 3}
@@ -222,6 +224,25 @@ def moe_combine(expert_out, buffers, *, tokens) -> "_jax.Array":
     call = _jax.ffi.ffi_call("interlace_moe_combine",
                              _jax.ShapeDtypeStruct((tokens, expert_out.shape[1]), _jnp.bfloat16))
     return call(expert_out, group=handle, moe=_np.int64(buffers.handle))
+
+
+def moe_gemm_combine(act, w, buffers, *, tokens, cluster_m=0) -> "_jax.Array":
+    """interlace.moe_gemm_combine with buffers' handle: the experts' second matmul and moe_combine in
+    one launch, [tokens, H] bf16 (tokens as in moe_combine), the same bits as grouped_gemm into an
+    expert_out then moe_combine. act [recv_rows, F] bf16 in expert_x's layout (F: the FFN width); w
+    [L, F, H] bf16, row-major as every XLA buffer: Linear weights [L, H, F] go in as
+    jnp.swapaxes(w, 1, 2), which XLA transposes (a copy; keep w as [L, F, H] to avoid it). buffers'
+    capacity_kind must be "per_expert". cluster_m as in interlace.grouped_gemm."""
+    _register()
+    handle = _group_handle(buffers.group)
+    if act.ndim != 2 or w.ndim != 3 or w.shape[1] != act.shape[1]:
+        raise ValueError(f"interlace.jax.moe_gemm_combine: act {tuple(act.shape)} and w {tuple(w.shape)} are not "
+                         "[recv_rows, F] and [L, F, H]")
+    if act.dtype != _jnp.bfloat16 or w.dtype != _jnp.bfloat16:
+        raise ValueError(f"interlace.jax.moe_gemm_combine: act and w must be bfloat16, got {act.dtype} and {w.dtype}")
+    call = _jax.ffi.ffi_call("interlace_moe_gemm_combine",
+                             _jax.ShapeDtypeStruct((tokens, w.shape[2]), _jnp.bfloat16))
+    return call(act, w, group=handle, moe=_np.int64(buffers.handle), cluster_m=_np.int64(cluster_m))
 
 
 def _attention_results(op, q, k, v):

@@ -15,6 +15,7 @@ models that call them, and CUDA graphs (mode="reduce-overhead") replay them.
     moe = itorch.MoeBuffers(group, num_experts=64, topk=2, hidden=4096, max_tokens=512, capacity=1024)
     ex = itorch.moe_dispatch(x, topk_idx, topk_weights, moe)   # the experts' rows (moe.native's layout)
     y = itorch.moe_combine(expert_out, moe, tokens=x.shape[0])  # back home, weighted sum
+    y = itorch.moe_gemm_combine(act, w2.transpose(1, 2), moe, tokens=x.shape[0])  # act @ w2[l].t(), then as moe_combine
     col = itorch.ColumnParallelLinear(4096, 14336, group)  # tensor-parallel layers (torch_layers.py)
 
 Custom ops take tensors and scalars, not Python objects: a group crosses torch.library as its
@@ -330,6 +331,36 @@ def _(expert_out, group, handle, tokens):
     return expert_out.new_empty((tokens, expert_out.shape[1]))
 
 
+def _moe_gemm_combine_shape(act, w, tokens):
+    """out's shape [tokens, H] for act [recv_rows, F] and w [L, F, H], both bfloat16 (interlace checks
+    the rest against the handle: recv_rows, L, H, layouts)."""
+    _torch._check(act.dim() == 2 and w.dim() == 3 and w.shape[1] == act.shape[1],
+                  lambda: f"interlace.moe_gemm_combine: act {tuple(act.shape)} and w {tuple(w.shape)} are not "
+                          "[recv_rows, F] and [L, F, H]")
+    _torch._check(act.dtype == _torch.bfloat16 and w.dtype == _torch.bfloat16,
+                  lambda: f"interlace.moe_gemm_combine: act and w must be bfloat16, got {act.dtype} and {w.dtype}")
+    return (tokens, w.shape[2])
+
+
+# w is usually Linear weights' transpose, a strided view: it goes to the kernel as it is, never
+# copied, since the GEMM reads either layout of w. The fake's out depends on no input's strides, and
+# torch.compile hands a custom op its inputs in the layout they had when traced (Inductor's default
+# for custom ops: exact strides in torch 2.13, stride order before), so compiled code passes the same
+# view.
+@_torch.library.custom_op("interlace::moe_gemm_combine", mutates_args=(), device_types="cuda")
+def _moe_gemm_combine(act: _torch.Tensor, w: _torch.Tensor, group: int, handle: int, tokens: int,
+                      cluster_m: int) -> _torch.Tensor:
+    out = act.new_empty(_moe_gemm_combine_shape(act, w, tokens))
+    _interlace.moe_gemm_combine(act, w, _moe_by_handle(handle).native, _group.by_handle(group), out=out,
+                                cluster_m=cluster_m)
+    return out
+
+
+@_moe_gemm_combine.register_fake
+def _(act, w, group, handle, tokens, cluster_m):
+    return act.new_empty(_moe_gemm_combine_shape(act, w, tokens))
+
+
 def moe_dispatch(x: _torch.Tensor, topk_idx: _torch.Tensor, topk_weights: _torch.Tensor, buffers: MoeBuffers):
     """interlace.moe_dispatch into buffers.expert_x, as torch.ops.interlace.moe_dispatch_into (which
     mutates it); returns buffers.expert_x."""
@@ -342,6 +373,16 @@ def moe_combine(expert_out: _torch.Tensor, buffers: MoeBuffers, *, tokens: int) 
     """interlace.moe_combine as torch.ops.interlace.moe_combine: a new [tokens, hidden] tensor, tokens
     being this rank's in the dispatch (x.shape[0])."""
     return _torch.ops.interlace.moe_combine(expert_out, buffers.group.handle, buffers.handle, tokens)
+
+
+def moe_gemm_combine(act: _torch.Tensor, w: _torch.Tensor, buffers: MoeBuffers, *, tokens: int,
+                     cluster_m: int = 0) -> _torch.Tensor:
+    """interlace.moe_gemm_combine as torch.ops.interlace.moe_gemm_combine: the experts' second matmul
+    and moe_combine in one launch, a new [tokens, H] bf16 tensor (tokens as in moe_combine). act
+    [recv_rows, F] bf16 in expert_x's layout; w [L, F, H] bf16 (Linear weights [L, H, F] as
+    w.transpose(1, 2), not copied); buffers' capacity_kind "per_expert". cluster_m as in
+    interlace.grouped_gemm. No autograd (as moe_combine)."""
+    return _torch.ops.interlace.moe_gemm_combine(act, w, buffers.group.handle, buffers.handle, tokens, cluster_m)
 
 
 def _attention_lse(q):

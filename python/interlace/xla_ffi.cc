@@ -275,6 +275,17 @@ ffi::Error moe_combine_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   });
 }
 
+// w arrives as XLA's dense row-major [L, F, H] (H contiguous), one of the two layouts the GEMM reads;
+// the combine reads the handle's last dispatch, as moe_combine does, and writes XLA's out.
+ffi::Error moe_gemm_combine_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer act, ffi::AnyBuffer w,
+                                 ffi::Result<ffi::AnyBuffer> out, int64_t group, int64_t moe, int64_t cluster_m) {
+  return guarded([&] {
+    std::shared_ptr<Group> g = group_by_handle(group);
+    moe_gemm_combine(*g, *moe_by_handle(moe), view_of(act, device), view_of(w, device), view_of(*out, device), stream,
+                     GroupedGemmTuning{static_cast<int>(cluster_m)});
+  });
+}
+
 }  // namespace
 }  // namespace interlace
 
@@ -391,6 +402,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_moe_combine, interlace::moe_combine_
                                   .Attr<int64_t>("group")
                                   .Attr<int64_t>("moe"));
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_moe_gemm_combine, interlace::moe_gemm_combine_impl,
+                              bind_on_stream()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("group")
+                                  .Attr<int64_t>("moe")
+                                  .Attr<int64_t>("cluster_m"));
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_attention, interlace::attention_impl,
                               bind_attention().Attr<bool>("causal").Attr<double>("softmax_scale"));
 
@@ -416,6 +436,7 @@ void register_xla_ffi(nb::module_& m) {
     d["interlace_all_reduce"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_all_reduce));
     d["interlace_moe_dispatch"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_moe_dispatch));
     d["interlace_moe_combine"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_moe_combine));
+    d["interlace_moe_gemm_combine"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_moe_gemm_combine));
     d["interlace_attention"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_attention));
     d["interlace_ring_attention"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_ring_attention));
     return d;

@@ -1,7 +1,8 @@
 """One rank of interlace.jax under jax.jit (see test_jax_ffi_gpu.py): all_gather, gemm, ag_gemm,
-gemm_rs, gemm_ar, a MoE layer, attention, ring_attention, reduce_scatter and all_reduce as XLA FFI custom calls on
-XLA's stream, checked against jnp / jax.lax references (the reductions bit for bit against the fp32 sum in rank order, rounded once). One process per GPU;
-each process's JAX sees every GPU and computes on the one its interlace group uses."""
+gemm_rs, gemm_ar, a MoE layer (moe_combine, then moe_gemm_combine), attention, ring_attention,
+reduce_scatter and all_reduce as XLA FFI custom calls on XLA's stream, checked against jnp / jax.lax
+references (the reductions bit for bit against the fp32 sum in rank order, rounded once). One
+process per GPU; each process's JAX sees every GPU and computes on the one its interlace group uses."""
 import os
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # the processes share the GPUs
@@ -136,38 +137,73 @@ def check_row_parallel():
     group.check()
 
 
+MOE_EXPERTS, MOE_TOPK, MOE_HIDDEN, MOE_TOKENS = 4 * WORLD, 2, 256, 64
+
+
+def moe_buffers():
+    return ij.MoeBuffers(group, num_experts=MOE_EXPERTS, topk=MOE_TOPK, hidden=MOE_HIDDEN, max_tokens=MOE_TOKENS,
+                         capacity=MOE_TOKENS * WORLD)
+
+
+def moe_routing(rank, step):
+    """Rank `rank`'s x, top-k expert ids and weights for step `step` (every rank can recompute every rank's)."""
+    rng = np.random.default_rng(80 + step + 1000 * rank)
+    x = jnp.asarray(rng.standard_normal((MOE_TOKENS, MOE_HIDDEN), dtype=np.float32), dtype=jnp.bfloat16)
+    idx = np.argsort(rng.random((MOE_TOKENS, MOE_EXPERTS)), axis=1)[:, :MOE_TOPK].astype(np.int32)
+    return x, idx, rng.random((MOE_TOKENS, MOE_TOPK), dtype=np.float32)
+
+
 def check_moe():
     """moe_dispatch, a stand-in expert (x 2, exact in bf16) and moe_combine in one jitted layer, with
     new routing every step: each token comes back as the sum over its experts of weight x 2x, in fp32
     in top-k order and rounded once (interlace's bits), and the experts' kept rows add up to the
     (token, expert) pairs every rank routed here."""
-    experts, topk, hidden, tokens = 4 * WORLD, 2, 256, 64
-    local = experts // WORLD
-    moe = ij.MoeBuffers(group, num_experts=experts, topk=topk, hidden=hidden, max_tokens=tokens,
-                        capacity=tokens * WORLD)
+    tokens, local = MOE_TOKENS, MOE_EXPERTS // WORLD
+    moe = moe_buffers()
 
     def layer(x, idx, w):
         expert_x, _, expert_rows = ij.moe_dispatch(x, idx, w, moe)
         return ij.moe_combine(expert_x * 2, moe, tokens=tokens), expert_rows
 
     layer = jax.jit(layer)
-
-    def routing(rank, step):
-        rng = np.random.default_rng(80 + step + 1000 * rank)
-        x = jnp.asarray(rng.standard_normal((tokens, hidden), dtype=np.float32), dtype=jnp.bfloat16)
-        idx = np.argsort(rng.random((tokens, experts)), axis=1)[:, :topk].astype(np.int32)
-        return x, idx, rng.random((tokens, topk), dtype=np.float32)
-
     for step in range(3):
-        x, idx, w = routing(RANK, step)
+        x, idx, w = moe_routing(RANK, step)
         out, expert_rows = layer(put(x), put(idx), put(w))
         twice = np.asarray(x, dtype=np.float32) * 2
         want = jnp.asarray(w[:, :1] * twice + w[:, 1:] * twice, dtype=jnp.bfloat16)
         expect_bits(out, want, f"jit moe layer step {step}")
         here = sum(int(((i >= RANK * local) & (i < (RANK + 1) * local)).sum())
-                   for i in (routing(q, step)[1] for q in range(WORLD)))
+                   for i in (moe_routing(q, step)[1] for q in range(WORLD)))
         assert int(np.asarray(jax.device_get(expert_rows)).sum()) == here, \
             f"rank {RANK}: moe step {step}: expert_rows sum to {np.asarray(expert_rows).sum()}, expected {here}"
+    group.check()
+
+
+def check_moe_gemm_combine():
+    """moe_dispatch, then moe_gemm_combine of act (the received rows' first F columns x 2, exact) with
+    w [L, F, H], in one jitted layer; against grouped_gemm into an expert_out then moe_combine (a
+    second jitted function, run after it on the same dispatch), bit for bit."""
+    F, local = 128, MOE_EXPERTS // WORLD
+    moe = moe_buffers()
+    capacity = moe.native.recv_rows // local
+    w2 = put(shard(RANK, local * F, 31, MOE_HIDDEN).reshape(local, F, MOE_HIDDEN) / 16)
+
+    def fused(x, idx, w, w2):
+        expert_x, _, expert_rows = ij.moe_dispatch(x, idx, w, moe)
+        act = expert_x[:, :F] * 2
+        return ij.moe_gemm_combine(act, w2, moe, tokens=MOE_TOKENS), act, expert_rows
+
+    def unfused(act, w2, expert_rows):  # reads the dispatch that fused's call left in moe
+        expert_out = ij.grouped_gemm(act.reshape(local, capacity, F), w2, expert_rows)
+        return ij.moe_combine(expert_out.reshape(-1, MOE_HIDDEN), moe, tokens=MOE_TOKENS)
+
+    fused, unfused = jax.jit(fused), jax.jit(unfused)
+    for step in range(3):
+        out, act, expert_rows = fused(*(put(a) for a in moe_routing(RANK, 10 + step)), w2)
+        want = unfused(act, w2, expert_rows)
+        assert np.isfinite(np.asarray(jax.device_get(out), dtype=np.float32)).all(), \
+            f"rank {RANK}: moe_gemm_combine step {step}: out has NaN or inf"
+        expect_bits(out, want, f"jit moe_gemm_combine step {step} (against grouped_gemm + moe_combine)")
     group.check()
 
 
@@ -247,6 +283,7 @@ def main():
     check(uneven(put(shard(RANK, rows[RANK], 11)), w), reference_matmul(full, shard(99, K, 7, N)), "jit ag_gemm uneven")
     check_row_parallel()
     check_moe()
+    check_moe_gemm_combine()
     check_attention()
     check_reductions()  # ends with a bad reduce_scatter call, as this ends with a bad gemm
     # An interlace.Error inside a handler comes back as a JAX error, not a crash (K not a multiple of 8).
@@ -257,8 +294,8 @@ def main():
     else:
         raise AssertionError("gemm with K = 12 did not raise")
     group.check()
-    print(f"rank {RANK}: jax.jit all_gather, gemm, ag_gemm, gemm_rs, gemm_ar, moe, attention, ring_attention, "
-          f"reduce_scatter, all_reduce correct (jax {jax.__version__})")
+    print(f"rank {RANK}: jax.jit all_gather, gemm, ag_gemm, gemm_rs, gemm_ar, moe, moe_gemm_combine, attention, "
+          f"ring_attention, reduce_scatter, all_reduce correct (jax {jax.__version__})")
 
 
 if __name__ == "__main__":

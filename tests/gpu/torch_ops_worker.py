@@ -1,6 +1,6 @@
 """One rank of the torch.library ops on GPUs (see test_torch_ops_gpu.py): all_gather, gemm, ag_gemm,
-gemm_rs, gemm_ar, reduce_scatter, all_reduce, a MoE layer (moe_dispatch, moe_combine), attention and
-ring_attention, eager,
+gemm_rs, gemm_ar, reduce_scatter, all_reduce, a MoE layer (moe_dispatch, moe_combine, and
+moe_gemm_combine), attention and ring_attention, eager,
 compiled with fullgraph=True, and compiled with mode="reduce-overhead" (CUDA graphs), each against a
 reference."""
 import os
@@ -112,17 +112,41 @@ def main(mode):
     moe = itorch.MoeBuffers(group, num_experts=4 * WORLD, topk=2, hidden=256, max_tokens=64, capacity=64 * WORLD)
     moe_layer = compiled(lambda x, idx, w: itorch.moe_combine(itorch.moe_dispatch(x, idx, w, moe) * 2, moe,
                                                               tokens=x.shape[0]))
-    for step in range(3):
+
+    def moe_inputs(step):
+        """This rank's x [64, 256], top-2 of 4 x WORLD experts and their weights for step `step`."""
         g = torch.Generator(device="cuda").manual_seed(80 + step + 1000 * RANK)
         x = torch.randn(64, 256, generator=g, device="cuda").to(torch.bfloat16)
         idx = torch.rand(64, 4 * WORLD, generator=g, device="cuda").argsort(dim=1)[:, :2].to(torch.int32)
-        w = torch.rand(64, 2, generator=g, device="cuda")
+        return x, idx, torch.rand(64, 2, generator=g, device="cuda")
+
+    for step in range(3):
+        x, idx, w = moe_inputs(step)
         y = moe_layer(x, idx, w)
         torch.cuda.synchronize()
         group.check()
         twice = (x.float() * 2).to(torch.bfloat16).float()  # each token's experts all return 2x
         want = (w[:, :1] * twice + w[:, 1:] * twice).to(torch.bfloat16)  # fp32, top-k order, rounded once
         assert torch.equal(y, want), f"rank {RANK}: {mode} moe step {step}: {(y.float() - want.float()).abs().max()}"
+    # The experts' second matmul fused with the combine: act from the received rows (their first F
+    # columns x 2, exact), Linear weights [L, H, F] passed as w2.transpose(1, 2), a strided view the op
+    # must take as it is. The same bits as interlace.moe_gemm_combine called directly, after the
+    # layer, on the same act and the handle's same dispatch.
+    F = 128
+    w2 = (torch.randn(4, 256, F, device="cuda") / 16).to(torch.bfloat16)
+    fused_layer = compiled(lambda x, idx, w, w2: itorch.moe_gemm_combine(
+        itorch.moe_dispatch(x, idx, w, moe)[:, :F] * 2, w2.transpose(1, 2), moe, tokens=x.shape[0]))
+    for step in range(3):
+        y = fused_layer(*moe_inputs(10 + step), w2).clone()  # a copy: reduce-overhead's out is the graph's
+        torch.cuda.synchronize()
+        group.check()
+        want = torch.full_like(y, float("nan"))
+        interlace.moe_gemm_combine(moe.expert_x[:, :F] * 2, w2.transpose(1, 2), moe.native, group, out=want)
+        torch.cuda.synchronize()
+        group.check()
+        assert y.shape == (64, 256) and not y.isnan().any(), f"rank {RANK}: {mode} moe_gemm_combine step {step}"
+        assert torch.equal(y, want), \
+            f"rank {RANK}: {mode} moe_gemm_combine step {step}: {(y.float() - want.float()).abs().max()}"
     # Attention on this GPU and over the ring: the ring's shard of out equals the shard of attention
     # over the whole sequence (the same engine, the same blocks in another order: close, not equal).
     attend = compiled(lambda q, k, v, qs, ks, vs: (itorch.attention(q, k, v, causal=True),

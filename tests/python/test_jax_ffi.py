@@ -1,8 +1,9 @@
 """interlace.jax on the CPU: the XLA FFI handlers exist in the native module, and jax.jit of
 functions calling interlace.jax.all_gather, gemm, ag_gemm, gemm_rs, gemm_ar, reduce_scatter,
-all_reduce, moe_dispatch, moe_combine, attention and ring_attention traces and lowers, for the CUDA
-platform, to stablehlo.custom_call ops with interlace's target names, attributes and result shapes.
-Lowering for CUDA needs no GPU and no CUDA plugin; running the calls does (tests/gpu/test_jax_ffi_gpu.py).
+all_reduce, moe_dispatch, moe_combine, moe_gemm_combine, attention and ring_attention traces and
+lowers, for the CUDA platform, to stablehlo.custom_call ops with interlace's target names,
+attributes and result shapes. Lowering for CUDA needs no GPU and no CUDA plugin; running the calls
+does (tests/gpu/test_jax_ffi_gpu.py).
 
 The group is a real interlace.Group whose native group (which needs a GPU) is a stand-in; the
 native registry that the handlers look groups up in is replaced by a recorder, since it takes only
@@ -193,11 +194,17 @@ def test_register_moe_takes_only_native_handles():
         _C._register_xla_moe(1, object())
 
 
-def test_moe_dispatch_and_combine_lower_to_custom_calls(group):
+def moe_buffers_stand_in(group):
+    """An interlace.jax.MoeBuffers (the real one needs a GPU) of 8 local experts, 96 rows each, hidden 256."""
     from types import SimpleNamespace
     native = SimpleNamespace(num_experts=8 * WORLD, world_size=WORLD, recv_rows=8 * 96, hidden=256)
-    buffers = ij.MoeBuffers.__new__(ij.MoeBuffers)  # a stand-in: the real one needs a GPU
+    buffers = ij.MoeBuffers.__new__(ij.MoeBuffers)
     buffers.native, buffers.group, buffers.handle = native, group, 77
+    return buffers
+
+
+def test_moe_dispatch_and_combine_lower_to_custom_calls(group):
+    buffers = moe_buffers_stand_in(group)
 
     def layer(x, idx, w):
         ex, starts, rows = ij.moe_dispatch(x, idx, w, buffers)
@@ -212,6 +219,55 @@ def test_moe_dispatch_and_combine_lower_to_custom_calls(group):
     assert "tensor<768x256xbf16>, tensor<8xi32>, tensor<8xi32>" in dispatch_results
     assert "tensor<64x256xbf16>" in combine_result
     assert group.registered and group.registered[-1][0] == 4242
+
+
+def test_moe_gemm_combine_lowers_to_custom_call(group):
+    """A layer with the fused second matmul: dispatch, an activation on the received rows, then
+    moe_gemm_combine with w [L, F, H] (F = 512 here); Linear weights [L, H, F] go in swapped."""
+    buffers = moe_buffers_stand_in(group)
+
+    def layer(x, idx, w, w1, linear):
+        ex, _, _ = ij.moe_dispatch(x, idx, w, buffers)
+        act = jax.nn.relu(ex @ w1)  # [recv_rows, F]
+        return ij.moe_gemm_combine(act, jnp.swapaxes(linear, 1, 2), buffers, tokens=x.shape[0], cluster_m=2)
+
+    args = sds((64, 256)), sds((64, 2), jnp.int32), sds((64, 2), jnp.float32), sds((256, 512)), sds((8, 256, 512))
+    text = lower_cuda(layer, *args)
+    calls = re.findall(r"stablehlo\.custom_call @(\w+)\(.*?mhlo\.backend_config = \{(.*?)\}.*?\} : \((.*?)\) -> (.*)",
+                       text)
+    assert [c[0] for c in calls] == ["interlace_moe_dispatch", "interlace_moe_gemm_combine"], text
+    _, attrs, operands, result = calls[1]
+    assert "moe = 77 : i64" in attrs and "group = 4242 : i64" in attrs and "cluster_m = 2 : i64" in attrs
+    assert operands == "tensor<768x512xbf16>, tensor<8x512x256xbf16>", operands
+    assert result == "tensor<64x256xbf16>", result
+    assert group.registered and group.registered[-1][0] == 4242
+    def fused(act, w):  # cluster_m left out: 0, automatic
+        return ij.moe_gemm_combine(act, w, buffers, tokens=5)
+
+    out = jax.eval_shape(fused, sds((768, 64)), sds((8, 64, 256)))
+    assert out.shape == (5, 256) and out.dtype == jnp.bfloat16
+    [(_, attrs, _)] = custom_calls(lower_cuda(fused, sds((768, 64)), sds((8, 64, 256))))
+    assert "cluster_m = 0 : i64" in attrs
+
+
+def test_moe_gemm_combine_argument_errors(group):
+    buffers = moe_buffers_stand_in(group)
+    act, w = sds((768, 64)), sds((8, 64, 256))
+    bad = {
+        "act 1-D": ((sds((768,)), w), r"are not \[recv_rows, F\] and \[L, F, H\]"),
+        "w 2-D": ((act, sds((64, 256))), r"are not \[recv_rows, F\]"),
+        "F differs": ((act, sds((8, 72, 256))), r"are not \[recv_rows, F\]"),
+        "w as Linear's [L, H, F]": ((act, sds((8, 256, 64))), r"are not \[recv_rows, F\]"),
+        "act float32": ((sds((768, 64), jnp.float32), w), "must be bfloat16"),
+        "w float16": ((act, sds((8, 64, 256), jnp.float16)), "must be bfloat16"),
+    }
+    for what, (args, match) in bad.items():
+        with pytest.raises(ValueError, match=match):
+            jax.eval_shape(lambda a, b: ij.moe_gemm_combine(a, b, buffers, tokens=5), *args)
+            pytest.fail(f"{what}: no error")
+    buffers.group = object()
+    with pytest.raises(TypeError, match="interlace.Group"):
+        jax.eval_shape(lambda a, b: ij.moe_gemm_combine(a, b, buffers, tokens=5), act, w)
 
 
 def attention_calls(text):

@@ -6,7 +6,11 @@ The group is a real interlace.Group. The native group inside it needs a GPU, so 
 stands in for it (NativeStandIn): were tracing to reach through the Group into nanobind (a method
 call, a property), dynamo would break the graph, as it did when interlace.Group was the nanobind class."""
 import gc
+import shutil
 import socket
+import subprocess
+import sys
+import textwrap
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -320,6 +324,144 @@ def test_moe_layer_traces_without_graph_breaks(group):
     targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
     assert any("moe_dispatch_into" in t for t in targets), targets
     assert any("interlace.moe_combine" in t for t in targets), targets
+
+
+L, F = 4, 48  # the fused combine's local experts and FFN width (recv_rows 40 = L x C, C = 10)
+
+
+def fused_weights(device="cpu"):
+    """Linear weights [L, hidden = 64, F] and w = their transpose (a strided view), as the op takes them."""
+    linear = torch.empty(L, 64, F, dtype=torch.bfloat16, device=device)
+    return linear, linear.transpose(1, 2)
+
+
+def test_moe_gemm_combine_is_registered_and_its_fake_gives_the_shape(group):
+    schema = str(torch.ops.interlace.moe_gemm_combine.default._schema)
+    assert schema == ("interlace::moe_gemm_combine(Tensor act, Tensor w, SymInt group, SymInt handle, SymInt tokens, "
+                      "SymInt cluster_m) -> Tensor"), schema
+    with FakeTensorMode():
+        moe = MoeBuffersStandIn(group, recv_rows=40, hidden=64)
+        act = torch.empty(40, F, dtype=torch.bfloat16)
+        linear, w = fused_weights()
+        for weights in (w, w.contiguous()):  # [L, F, H] with F contiguous (Linear's), or H
+            y = itorch.moe_gemm_combine(act, weights, moe, tokens=9, cluster_m=2)
+            assert y.shape == (9, 64) and y.dtype == torch.bfloat16 and y.is_contiguous()
+        assert itorch.moe_gemm_combine(act, w, moe, tokens=0).shape == (0, 64)
+        bad = {
+            "act 1-D": ((act[0], w), "are not \\[recv_rows, F\\] and \\[L, F, H\\]"),
+            "w 2-D": ((act, w[0]), "are not \\[recv_rows, F\\]"),
+            "F differs": ((act[:, :F - 8], w), "are not \\[recv_rows, F\\]"),
+            "w untransposed": ((act, linear), "are not \\[recv_rows, F\\]"),
+            "act float32": ((act.float(), w), "must be bfloat16"),
+            "w float16": ((act, w.half()), "must be bfloat16"),
+        }
+        for what, ((a, b), match) in bad.items():
+            with pytest.raises(Exception, match=match):
+                itorch.moe_gemm_combine(a, b, moe, tokens=9)
+                pytest.fail(f"{what}: no error")
+
+
+def test_moe_gemm_combine_kernel_passes_w_as_it_is(group, monkeypatch):
+    """What the op's CUDA kernel (its Python body, run here on CPU tensors) hands
+    interlace.moe_gemm_combine: the native handle and group its integers name, w itself (the strided
+    view, not a copy), a new out [tokens, H] bf16 and cluster_m."""
+    moe = MoeBuffersStandIn(group, recv_rows=40, hidden=64)
+    moe.native = "native handle stand-in"
+    monkeypatch.setitem(itorch._moe_buffers, moe.handle, moe)
+    calls = []
+
+    def stand_in(act, w, handle, group, *, out, stream=None, cluster_m=0):
+        calls.append((act, w, handle, group, out, cluster_m))
+        out.fill_(1)
+        return out
+
+    monkeypatch.setattr(interlace, "moe_gemm_combine", stand_in)
+    act = torch.zeros(40, F, dtype=torch.bfloat16)
+    _, w = fused_weights()
+    y = itorch._moe_gemm_combine._init_fn(act, w, group.handle, moe.handle, 9, 2)
+    [(a, b, handle, g, out, cluster_m)] = calls
+    assert a is act and b is w and not b.is_contiguous()
+    assert handle == "native handle stand-in" and g is group and cluster_m == 2
+    assert out is y and y.shape == (9, 64) and y.dtype == torch.bfloat16 and bool((y == 1).all())
+    with pytest.raises(interlace.Error, match="no live interlace.torch.MoeBuffers has handle 54321"):
+        itorch._moe_gemm_combine._init_fn(act, w, group.handle, 54321, 9, 0)
+
+
+def fused_layer(moe):
+    """dispatch, an activation (relu of the received rows' first F columns), then the fused second
+    matmul and combine, with Linear weights passed transposed."""
+    def layer(x, idx, weights, linear):
+        act = torch.relu(itorch.moe_dispatch(x, idx, weights, moe)[:, :F])
+        return itorch.moe_gemm_combine(act, linear.transpose(1, 2), moe, tokens=x.shape[0])
+    return layer
+
+
+def fused_layer_inputs(tokens=9, device="cpu"):
+    """x, topk_idx, topk_weights (k = 2) and the Linear weights [L, H, F]."""
+    return (torch.empty(tokens, 64, dtype=torch.bfloat16, device=device),
+            torch.empty(tokens, 2, dtype=torch.int32, device=device), torch.empty(tokens, 2, device=device),
+            fused_weights(device)[0])
+
+
+def test_moe_gemm_combine_layer_traces_without_graph_breaks_and_keeps_w_strided(group):
+    graphs = []
+    moe = MoeBuffersStandIn(group, recv_rows=40, hidden=64)
+
+    def capture(gm, example_inputs):  # records the graph; never runs the ops (no GPU here)
+        graphs.append(gm)
+        return lambda *args: (torch.empty(9, 64, dtype=torch.bfloat16),)
+
+    torch.compile(fused_layer(moe), fullgraph=True, backend=capture)(*fused_layer_inputs())
+    assert len(graphs) == 1
+    calls = [n for n in graphs[0].graph.nodes if n.op == "call_function"]
+    targets = [str(n.target) for n in calls]
+    assert any("moe_dispatch_into" in t for t in targets), targets
+    [fused] = [n for n in calls if "interlace.moe_gemm_combine" in str(n.target)]
+    assert fused.args[2:] == (group.handle, moe.handle, 9, 0), fused.args
+    w = fused.args[1].meta["example_value"]
+    assert w.shape == (L, F, 64) and w.stride() == (64 * F, 1, F), w.stride()  # the transpose, not a copy
+    assert tuple(fused.meta["example_value"].shape) == (9, 64)
+
+
+def test_moe_gemm_combine_layer_under_aot_eager(group):
+    """aot_eager on meta tensors (functionalized; the fakes run): one graph for every token count, out
+    [tokens, H] following it."""
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    moe = MoeBuffersStandIn(group, recv_rows=40, hidden=64, device="meta")
+    layer = torch.compile(fused_layer(moe), fullgraph=True, backend=counter, dynamic=True)
+    for tokens in (9, 12, 20):
+        y = layer(*fused_layer_inputs(tokens, "meta"))
+        assert y.shape == (tokens, 64) and y.dtype == torch.bfloat16 and y.device.type == "meta"
+    assert counter.frame_count == 1
+
+
+# Inductor on the CPU, in a child process (the CPU kernel it registers for the op would outlive a
+# test): compiled code must hand the kernel w as the transposed view it traced, not a contiguous copy.
+INDUCTOR_W_STRIDES = textwrap.dedent("""
+    from types import SimpleNamespace
+    import torch
+    import interlace.torch as itorch
+    strides = []
+
+    @torch.library.register_kernel("interlace::moe_gemm_combine", "cpu")
+    def _(act, w, group, handle, tokens, cluster_m):
+        strides.append(w.stride())
+        return act.new_zeros((tokens, w.shape[2]))
+
+    moe = SimpleNamespace(group=SimpleNamespace(handle=1), handle=2)  # what the wrapper reads of MoeBuffers
+    layer = torch.compile(lambda act, linear: itorch.moe_gemm_combine(torch.relu(act), linear.transpose(1, 2), moe,
+                                                                      tokens=9) + 1, fullgraph=True)
+    y = layer(torch.randn(40, 48).bfloat16(), torch.randn(4, 64, 48).bfloat16())
+    assert y.shape == (9, 64) and bool((y == 1).all()), y
+    print(strides)
+""")
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="Inductor's CPU backend needs a C++ compiler")
+def test_moe_gemm_combine_under_inductor_gets_w_strided():
+    r = subprocess.run([sys.executable, "-c", INDUCTOR_W_STRIDES], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().splitlines()[-1] == f"[{(64 * F, 1, F)}]", r.stdout
 
 
 def test_attention_and_ring_attention_fakes_give_out_and_lse(group):
