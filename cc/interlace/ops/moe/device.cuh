@@ -219,6 +219,46 @@ __device__ __forceinline__ void send_token(const MoeDispatchParams& p, int32_t t
   __syncthreads();  // row, expert and primary are rewritten for the next token
 }
 
+// Phase 2 for top-k of at most 32, one warp per token, so that a CTA has a token per warp in flight
+// (a CTA per token left 496 of 512 threads waiting on its few stores; Mixtral-like dispatch ran at
+// NCCL's all_to_all speed). Lane j takes top-k entry j; row and expert: this warp's shared slots,
+// for MoePlan::primary_of, the rule the CTA version and the CPU tests use.
+template <class IdxT>
+__device__ __forceinline__ void send_token_warp(const MoeDispatchParams& p, int32_t token, int32_t* row,
+                                                int32_t* expert) {
+  const MoePlan& plan = p.c.plan;
+  const device::NvlinkTransport& t = p.c.transport;
+  const int32_t k = plan.topk, j = static_cast<int32_t>(threadIdx.x % 32);
+  const int64_t i = static_cast<int64_t>(token) * k + j;
+  int32_t e = -1, r = -1;
+  if (j < k) {
+    e = expert_at<IdxT>(p, i);
+    r = e >= 0 ? MoePlan::kept_row(p.run_row[e], p.run_kept[e], p.pos[i]) : -1;
+    row[j] = r;
+    expert[j] = e;
+    p.c.home_row[i] = r;
+    p.c.home_weight[i] = p.topk_weights[i];
+  }
+  __syncwarp();
+  int32_t first = -1;  // the primary: the kept entry of the lowest-numbered expert on this entry's rank
+  if (j < k && r >= 0) {
+    first = plan.primary_of(expert, row, j);
+    const int32_t d = plan.rank_of_expert(e);
+    // MoeSlot as one 16-byte store: source_token, source_rank | topk_pos << 16, primary_row, weight.
+    const uint4 slot = make_uint4(static_cast<uint32_t>(token),
+                                  static_cast<uint32_t>(t.local_rank & 0xffff) | static_cast<uint32_t>(j) << 16,
+                                  static_cast<uint32_t>(row[first]), __float_as_uint(p.topk_weights[i]));
+    *reinterpret_cast<uint4*>(t.heaps[d] + p.c.workspace + plan.slot_offset(r)) = slot;
+  }
+  const char* src = p.x + static_cast<int64_t>(token) * plan.row_bytes;
+  for (int32_t q = 0; q < k; ++q) {
+    if (__shfl_sync(~0u, first, q) != q) continue;  // the same on every lane
+    const int32_t eq = __shfl_sync(~0u, e, q), rq = __shfl_sync(~0u, r, q);
+    warp_copy(t.heaps[plan.rank_of_expert(eq)] + p.c.workspace + plan.recv_row_offset(rq), src, plan.row_bytes);
+  }
+  __syncwarp();  // row and expert are rewritten for the warp's next token
+}
+
 // Phase 1 of the combine, one warp per token: the weighted sum of its kept slots' rows, in fp32 in
 // top-k order, one rounding to bf16; zeros for a token none of whose slots was kept.
 __device__ __forceinline__ void sum_token(const MoeCombineParams& p, int32_t token) {

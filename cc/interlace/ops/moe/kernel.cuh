@@ -14,7 +14,7 @@
 //      experts: this rank's run (first row, kept rows) at the expert's rank, and for local experts
 //      their start and kept rows (the grouped GEMM's M); drops are summed. Grid barrier. CTA 0
 //      reports a drop to the host (HostControl::overflowed) and in the plan's overflow words;
-//   2. CTA per token: its kept slots' rows and primaries (per destination, the kept slot of the
+//   2. warp per token (top-k <= 32; else CTA per token): its kept slots' rows and primaries (per destination, the kept slot of the
 //      lowest-numbered expert there); every kept slot's MoeSlot to its destination, then the
 //      token's row once per destination, into its primary row. Grid barrier; CTA 0 raises
 //      arrived_flag(me, l) on every rank for every l;
@@ -47,6 +47,7 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_dispatch_kernel(const __gr
   __shared__ int failed;
   __shared__ int32_t warp_hits[kMoeWarps];
   __shared__ int32_t row[kMoeMaxTopk], expert[kMoeMaxTopk], primary[kMoeMaxTopk];
+  __shared__ int32_t warp_row[kMoeWarps][32], warp_expert[kMoeWarps][32];
   if (threadIdx.x == 0) {
     n = op_number(t);
     failed = 0;
@@ -88,8 +89,15 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_dispatch_kernel(const __gr
   }
 
   // 2: tokens out.
-  for (int32_t token = blockIdx.x; token < c.tokens; token += gridDim.x) {
-    send_token<IdxT>(p, token, row, expert, primary);
+  if (plan.topk <= 32) {
+    const int32_t w = static_cast<int32_t>(threadIdx.x / 32);
+    for (int32_t token = blockIdx.x * kMoeWarps + w; token < c.tokens; token += gridDim.x * kMoeWarps) {
+      send_token_warp<IdxT>(p, token, warp_row[w], warp_expert[w]);
+    }
+  } else {
+    for (int32_t token = blockIdx.x; token < c.tokens; token += gridDim.x) {
+      send_token<IdxT>(p, token, row, expert, primary);
+    }
   }
   arrive(flags, n, 2);
   if (blockIdx.x == 0) {
