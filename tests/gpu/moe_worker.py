@@ -324,10 +324,9 @@ def scenario_streams():
     print(f"rank {RANK}: two streams back to back correct")
 
 
-def scenario_graph():
-    """Dispatch, an expert map and combine captured in one CUDA graph, replayed with new routing."""
-    group = interlace.init(heap_bytes=512 * MIB)
-    E, k, H, T = 4 * WORLD, 2, 256, 64
+def graph_buffers(group, E, k, H, T):
+    """A captured layer's inputs (x, idx, weights), its out, a no-drop capacity and its handle: the
+    graph replays read and write these same buffers."""
     dev = torch.device("cuda")
     x = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
     idx = torch.empty(T, k, dtype=torch.int32, device=dev)
@@ -335,6 +334,14 @@ def scenario_graph():
     out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
     capacity = interlace.moe_no_drop_capacity(WORLD, num_experts=E, topk=k, max_tokens=T)
     handle = interlace.MoeHandle(group, num_experts=E, topk=k, hidden=H, max_tokens=T, capacity=capacity)
+    return x, idx, w, out, capacity, handle
+
+
+def scenario_graph():
+    """Dispatch, an expert map and combine captured in one CUDA graph, replayed with new routing."""
+    group = interlace.init(heap_bytes=512 * MIB)
+    E, k, H, T = 4 * WORLD, 2, 256, 64
+    x, idx, w, out, capacity, handle = graph_buffers(group, E, k, H, T)
     stream = torch.cuda.Stream()
     expert_x = torch.from_dlpack(handle.expert_x)
     expert_out = torch.empty_like(expert_x)
@@ -462,8 +469,9 @@ def fused_reference(case, row_of, ffn):
     return acc
 
 
-def check_fused(group, case, handle, row_of, ffn, k_major=True, stream=None):
-    """moe_gemm_combine against grouped_gemm + moe_combine (bit for bit) and the fp32 reference."""
+def check_fused(group, case, handle, row_of, ffn, k_major=True, stream=None, **tuning):
+    """moe_gemm_combine (tuning: cluster_m, tile_n) against grouped_gemm + moe_combine (bit for bit)
+    and the fp32 reference."""
     L, C = case.local, case.capacity
     act, w = fused_inputs(case, RANK, torch.from_dlpack(handle.expert_rows).cpu(), ffn)
     act, b = act.cuda(), as_b(w.cuda(), k_major)
@@ -475,7 +483,8 @@ def check_fused(group, case, handle, row_of, ffn, k_major=True, stream=None):
     torch.cuda.synchronize()
     if stream is not None:
         stream.wait_stream(torch.cuda.current_stream())
-    interlace.moe_gemm_combine(act, b, handle, group, out=out, stream=None if stream is None else stream.cuda_stream)
+    interlace.moe_gemm_combine(act, b, handle, group, out=out, stream=None if stream is None else stream.cuda_stream,
+                               **tuning)
     torch.cuda.synchronize()
     group.check()
     if torch.isnan(out).any():
@@ -509,6 +518,46 @@ def scenario_gemm_combine():
         n += 1
     assert n >= 15, n
 
+    # Every tile and cluster variant, on experts of about 512 rows (four tile rows: pairs of
+    # 128 x 128 tiles by default) and of about 48 (one tile row: 128 x 256 by default).
+    for case in (Case("fused variants, C > 384", 4 * WORLD, 4, 256, 512, route_random, seed=72),
+                 Case("fused variants, one tile row", 8 * WORLD, 2, 264, 96, route_zipf, seed=73)):
+        _, handle = dispatch(group, case)
+        torch.cuda.synchronize()
+        for cluster_m in (1, 2):
+            for tile_n in (128, 256):
+                check_fused(group, case, handle, case.layout()[0], 200, cluster_m=cluster_m, tile_n=tile_n)
+
+    # Dropped slots (a capacity below the routing's need) add nothing, as in moe_combine.
+    over = Case("fused overflow", 4 * WORLD, 2, 256, 96, route_zipf, capacity=lambda need: max(need // 3, 1), seed=74)
+    _, handle = dispatch(group, over)
+    torch.cuda.synchronize()
+    expect_error(group.check, "overflowed its capacity")
+    check_fused(group, over, handle, over.layout()[0], 128)
+
+    # moe_combine, then moe_gemm_combine twice, on one handle with no sync between them, rank 0 late
+    # (a sleep queued first): each op waits for its peers' previous one before it writes their rows.
+    case = Case("fused back to back", 4 * WORLD, 2, 256, 80, route_random, seed=75)
+    _, handle = dispatch(group, case)
+    torch.cuda.synchronize()
+    L, C = case.local, case.capacity
+    act, w = fused_inputs(case, RANK, torch.from_dlpack(handle.expert_rows).cpu(), 136)
+    act, b = act.cuda(), as_b(w.cuda(), True)
+    expert_out = torch.full((handle.recv_rows, case.hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+    interlace.grouped_gemm(act.view(L, C, -1), b, expert_out.view(L, C, -1), torch.from_dlpack(handle.expert_rows))
+    outs = [new_out(case) for _ in range(3)]
+    torch.cuda.synchronize()
+    if RANK == 0:
+        torch.cuda._sleep(200_000_000)  # about 0.1 s at H200 clocks
+    interlace.moe_combine(expert_out, handle, group, out=outs[0])
+    interlace.moe_gemm_combine(act, b, handle, group, out=outs[1])
+    interlace.moe_gemm_combine(act, b, handle, group, out=outs[2])
+    torch.cuda.synchronize()
+    group.check()
+    for i in (1, 2):
+        if not torch.equal(outs[i], outs[0]):
+            fail(case, f"back to back: moe_gemm_combine call {i} differs from moe_combine's")
+
     # Back to back on two streams, two handles, no sync between the calls (the group orders them).
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
     a = Case("fused stream 1", 4 * WORLD, 2, 256, 64, route_random, seed=80)
@@ -522,12 +571,7 @@ def scenario_gemm_combine():
     # A layer half captured in a graph: dispatch, then moe_gemm_combine, replayed with new routing.
     E, k, H, T, F = 4 * WORLD, 2, 256, 64, 128
     dev = torch.device("cuda")
-    x = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
-    idx = torch.empty(T, k, dtype=torch.int32, device=dev)
-    wts = torch.empty(T, k, dtype=torch.float32, device=dev)
-    out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
-    capacity = interlace.moe_no_drop_capacity(WORLD, num_experts=E, topk=k, max_tokens=T)
-    handle = interlace.MoeHandle(group, num_experts=E, topk=k, hidden=H, max_tokens=T, capacity=capacity)
+    x, idx, wts, out, capacity, handle = graph_buffers(group, E, k, H, T)
     act = torch.empty(handle.recv_rows, F, dtype=torch.bfloat16, device=dev)
     w = torch.empty(E // WORLD, H, F, dtype=torch.bfloat16, device=dev)
     stream = torch.cuda.Stream()
@@ -581,6 +625,12 @@ def scenario_gemm_combine():
     expect_error(lambda: interlace.moe_gemm_combine(a0[:-1], b0, h, group, out=o0), "act has shape")
     expect_error(lambda: interlace.moe_gemm_combine(a0, b0[:, :32], h, group, out=o0), "w has shape")
     expect_error(lambda: interlace.moe_gemm_combine(a0, b0, h, group, out=o0[:-1]), "out has shape")
+    expect_error(lambda: interlace.moe_gemm_combine(a0, b0, h, group, out=o0, tile_n=64),
+                 "moe_gemm_combine: tile_n must be")
+    in_heap = torch.from_dlpack(h.expert_x)[:good.tokens[RANK]]  # the right shape, in the workspace
+    expect_error(lambda: interlace.moe_gemm_combine(a0, b0, h, group, out=in_heap), "out lies in the handle's")
+    eo = torch.zeros(h.recv_rows, 256, dtype=torch.bfloat16, device=dev)
+    expect_error(lambda: interlace.moe_combine(eo, h, group, out=in_heap), "out lies in the handle's")
     torch.cuda.synchronize()
     group.check()
     print(f"rank {RANK}: moe_gemm_combine correct on {n} routing patterns, two streams and 6 graph replays")

@@ -151,6 +151,8 @@ def test_bad_tuning_raises():
     out = poisoned((2, 64, 64), BF16)
     with pytest.raises(interlace.Error, match="cluster_m must be 0 .automatic., 1 or 2, got 3"):
         interlace.grouped_gemm(a, w.transpose(1, 2), out, rows, cluster_m=3)
+    with pytest.raises(interlace.Error, match="tile_n must be 0 .automatic., 128 or 256, got 64"):
+        interlace.grouped_gemm(a, w.transpose(1, 2), out, rows, tile_n=64)
     torch.cuda.synchronize()
     assert bool((out.view(torch.int16) == -1).all()), "a refused call wrote into out"
 

@@ -341,10 +341,10 @@ def test_the_python_wrapper_forwards_every_tensor_the_stream_and_the_tuning(monk
     monkeypatch.setattr(_C, "grouped_gemm", lambda *tensors, stream, **tuning: calls.append((tensors, stream, tuning)))
     a, b, out, rows = f16(4, 64, 32), f16(4, 32, 16), f16(4, 64, 16), counts(4)
     interlace.grouped_gemm(a, b, out, rows)  # numpy tensors: no framework stream, the legacy default one
-    interlace.grouped_gemm(a, b, out, rows, stream=7, cluster_m=1)
+    interlace.grouped_gemm(a, b, out, rows, stream=7, cluster_m=1, tile_n=256)
     assert [s for _, s, _ in calls] == [0, 7]
-    assert calls[0][2] == {"cluster_m": 0}
-    assert calls[1][2] == {"cluster_m": 1}
+    assert calls[0][2] == {"cluster_m": 0, "tile_n": 0}
+    assert calls[1][2] == {"cluster_m": 1, "tile_n": 256}
     assert all(x is y for x, y in zip(calls[0][0], (a, b, out, rows)))
     with pytest.raises(TypeError, match="JAX arrays are immutable: interlace.grouped_gemm writes into out"):
         interlace.grouped_gemm(a, b, FakeJaxArray(), rows)

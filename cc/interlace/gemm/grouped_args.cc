@@ -39,23 +39,22 @@ void check_strides(const char* op, const char* name, int64_t ld, int64_t row_len
 
 }  // namespace
 
-void check_grouped_gemm_tuning(const GroupedGemmTuning& tuning) {
-  IL_CHECK(tuning.cluster_m == 0 || tuning.cluster_m == 1 || tuning.cluster_m == 2,
-           "grouped_gemm: cluster_m must be 0 (automatic), 1 or 2, got ", tuning.cluster_m);
-  IL_CHECK(tuning.tile_n == 0 || tuning.tile_n == 128 || tuning.tile_n == 256,
-           "grouped_gemm: tile_n must be 0 (automatic), 128 or 256, got ", tuning.tile_n);
+void check_grouped_gemm_tuning(const GroupedGemmTuning& tuning, const char* op) {
+  IL_CHECK(tuning.cluster_m == 0 || tuning.cluster_m == 1 || tuning.cluster_m == 2, op,
+           ": cluster_m must be 0 (automatic), 1 or 2, got ", tuning.cluster_m);
+  IL_CHECK(tuning.tile_n == 0 || tuning.tile_n == 128 || tuning.tile_n == 256, op,
+           ": tile_n must be 0 (automatic), 128 or 256, got ", tuning.tile_n);
 }
 
-GroupedGemmTuning resolved_grouped_gemm_tuning(GroupedGemmTuning tuning, int64_t capacity) {
-  check_grouped_gemm_tuning(tuning);
+GroupedGemmTuning resolved_grouped_gemm_tuning(GroupedGemmTuning tuning, int64_t capacity, const char* op) {
+  check_grouped_gemm_tuning(tuning, op);
   // Measured on H200 (bench/results/NOTES.md). With many tile rows per group, pairs of them sharing
   // each load of b[g] (128 x 128 tiles) took the MoE shapes from 0.65-0.8x to about parity with
   // cuBLAS. With at most three (C <= 384: decode, many experts of a few hundred rows), a pair's
   // second CTA often gets a tile row past the rows and multiplies zeros; 128 x 256 tiles without
   // pairs, which load half the b per flop, were 1.2-1.4x faster there (C = 320, 16).
-  const bool few_tile_rows = capacity <= 3 * 128;
-  if (tuning.tile_n == 0) tuning.tile_n = few_tile_rows ? 256 : 128;
-  if (tuning.cluster_m == 0) tuning.cluster_m = few_tile_rows ? 1 : 2;
+  if (tuning.tile_n == 0) tuning.tile_n = capacity <= 3 * 128 ? 256 : 128;
+  if (tuning.cluster_m == 0) tuning.cluster_m = tuning.tile_n == 128 && capacity > 128 ? 2 : 1;
   return tuning;
 }
 

@@ -30,11 +30,12 @@ struct GroupedGemmTuning {
                       // per flop)
 };
 
-// Raises unless every setting is one grouped_gemm has.
-void check_grouped_gemm_tuning(const GroupedGemmTuning& tuning);
+// Raises unless every setting is one grouped_gemm has (op: the name errors give).
+void check_grouped_gemm_tuning(const GroupedGemmTuning& tuning, const char* op = "grouped_gemm");
 
 // The settings a launch with C = capacity rows per group takes: tuning's, automatic ones filled in.
-GroupedGemmTuning resolved_grouped_gemm_tuning(GroupedGemmTuning tuning, int64_t capacity);
+GroupedGemmTuning resolved_grouped_gemm_tuning(GroupedGemmTuning tuning, int64_t capacity,
+                                               const char* op = "grouped_gemm");
 
 // a: [G, C, K], rows K-contiguous; b: [G, K, N], N-contiguous or K-contiguous (w.transpose(1, 2) of
 // Linear weights [G, N, K]); out: [G, C, N], rows N-contiguous; rows: int32 [G], contiguous, read on

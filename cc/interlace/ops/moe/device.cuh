@@ -53,6 +53,13 @@ struct MoeCombineParams {
 
 namespace moe_detail {
 
+// Whether a kept row's slot names a home inside the plan: the dispatch wrote it, but nothing read
+// from device memory addresses anything unchecked.
+__device__ __forceinline__ bool valid_home(const MoePlan& plan, const MoeSlot& s) {
+  return s.source_rank >= 0 && s.source_rank < plan.world && s.source_token >= 0 && s.source_token < plan.tokens &&
+         s.topk_pos >= 0 && s.topk_pos < plan.topk;
+}
+
 // This call's op number: ops.completed only moves in op_end, once every CTA of the op is out.
 __device__ __forceinline__ uint64_t op_number(const device::NvlinkTransport& t) {
   return *reinterpret_cast<volatile uint64_t*>(&t.my_pad()->ops.completed) + 1;
@@ -117,8 +124,8 @@ __device__ __forceinline__ void warp_copy(char* dst, const char* src, int64_t by
 // 0 left the copies to the first CTA (a decode combine ran 50x slower).
 template <class Fn>
 __device__ __forceinline__ void for_kept_rows(const MoeCommonParams& c, Fn fn) {
-  const int32_t warp = blockIdx.x * kMoeWarps + threadIdx.x / 32;
-  const int32_t warps = gridDim.x * kMoeWarps;
+  const int32_t warp = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int32_t warps = gridDim.x * (blockDim.x / 32);
   int32_t before = 0;  // kept rows of the experts before l, mod warps: where expert l's first row is dealt
   for (int32_t l = 0; l < c.plan.experts_per_rank; ++l) {
     const int32_t start = c.expert_start[l], rows = c.expert_rows[l];

@@ -61,14 +61,16 @@ void moe_gemm_combine(Group& group, MoeHandle& handle, const TensorView& act, co
     IL_CHECK(handle.tokens() >= 0,
              "moe_gemm_combine: the handle has not dispatched yet; call moe_dispatch with it first");
     p = check_moe_gemm_combine_args(act, w, out, rows, plan, handle.tokens(), group.device());
-    tuning = resolved_grouped_gemm_tuning(tuning, p.capacity);
+    handle.check_apart("moe_gemm_combine", "act", act, out);
+    require_hopper(group.device(), "moe_gemm_combine");
+    tuning = resolved_grouped_gemm_tuning(tuning, p.capacity, "moe_gemm_combine");
     order = GroupedOrder::make(static_cast<const int32_t*>(rows.data), p.capacity, p.n, tuning.cluster_m,
                                tuning.tile_n);
     IL_CHECK(p.groups * order.tile_rows * order.tiles_n <= kMaxGemmTiles, "moe_gemm_combine: ", p.groups,
              " experts of ", order.tile_rows, " x ", order.tiles_n, " tiles are more than the ", kMaxGemmTiles,
              " supported");
     // Every CTA waits for the others in its last phase: no more than fit at once, and one barrier
-    // word each.
+    // word each. Not part of the signature: ranks may differ (another process's SMs), harmlessly.
     with_variant(p.b_k_major, tuning, [&](auto v) {
       ctas = gemm_engine::resident_ctas_of<decltype(v)>(group.device(), group.num_sms());
     });
@@ -77,7 +79,7 @@ void moe_gemm_combine(Group& group, MoeHandle& handle, const TensorView& act, co
     return concat("moe_gemm_combine(experts=", plan.experts, ", topk=", plan.topk, ", hidden=", p.n,
                   ", ffn=", p.k, ", max_tokens=", plan.tokens, ", capacity=", plan.capacity,
                   ", workspace=", handle.workspace(), ", cluster_m=", tuning.cluster_m, ", tile_n=", tuning.tile_n,
-                  ", ctas=", ctas, ")");
+                  ")");
   });
   call.launch([&](cudaStream_t s) {
     with_variant(p.b_k_major, tuning, [&](auto v) {

@@ -50,8 +50,8 @@ struct CombineEpilogue {
 
   // Consumers, with a finished 128 x kTileN tile of local expert `group` in registers: each row the
   // expert kept goes to its home rank's combine row, 4-byte column pairs (H is a multiple of 8, so a
-  // pair never straddles the row's end). Rows past the expert's kept rows (TMA read zeros there)
-  // and columns past H are not stored.
+  // pair never straddles the row's end). Rows past the expert's kept rows (stale act rows up to C,
+  // TMA's zeros past it) and columns past H are not stored.
   template <class TileShape, class Accumulators, class TiledMma>
   __device__ __forceinline__ static void store(const Params& p, const Accumulators& accum, const TiledMma& tiled_mma,
                                                int thread_idx, int m_idx, int n_idx, int /*m*/, int n) {
@@ -76,11 +76,8 @@ struct CombineEpilogue {
       const int row = get<0>(tile_coords(i));
       const int col = col0 + get<1>(tile_coords(i));
       if (row0 + row >= kept || col >= n) continue;
-      const MoeSlot s = slots[row];  // the dispatch wrote it for every kept row; checked all the same
-      if (s.source_rank < 0 || s.source_rank >= plan.world || s.source_token < 0 || s.source_token >= plan.tokens ||
-          s.topk_pos < 0 || s.topk_pos >= plan.topk) {
-        continue;
-      }
+      const MoeSlot s = slots[row];
+      if (!moe_detail::valid_home(plan, s)) continue;
       Pair pair;
       pair[0] = Element(accum(i));
       pair[1] = Element(accum(i + 1));
@@ -123,10 +120,14 @@ struct CombinePhases {
     }
     __syncthreads();
     if (failed) return;
-    const int32_t warps_per_cta = blockDim.x / 32;
-    const int32_t warps = gridDim.x * warps_per_cta;
-    for (int32_t token = blockIdx.x * warps_per_cta + threadIdx.x / 32; token < c.tokens; token += warps) {
-      sum_token(p.combine, token);
+    // The consumer warpgroups sum: the producer warpgroup gave up its registers (setmaxnreg) for
+    // the GEMM, and sum_token needs more than it kept.
+    constexpr int32_t kProducerThreads = 128;
+    const int32_t warps_per_cta = (blockDim.x - kProducerThreads) / 32;
+    if (threadIdx.x >= kProducerThreads) {
+      const int32_t warps = gridDim.x * warps_per_cta;
+      const int32_t warp = blockIdx.x * warps_per_cta + (threadIdx.x - kProducerThreads) / 32;
+      for (int32_t token = warp; token < c.tokens; token += warps) sum_token(p.combine, token);
     }
     device::op_end(t);
   }

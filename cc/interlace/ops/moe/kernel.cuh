@@ -145,10 +145,7 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_combine_kernel(const __gri
   const MoeSlot* slots = reinterpret_cast<const MoeSlot*>(c.workspace_here + plan.slots_offset);
   for_kept_rows(c, [&](int32_t r) {
     const MoeSlot s = slots[r];
-    if (s.source_rank < 0 || s.source_rank >= plan.world || s.source_token < 0 || s.source_token >= plan.tokens ||
-        s.topk_pos < 0 || s.topk_pos >= plan.topk) {
-      return;  // never for a kept row: the dispatch wrote its metadata
-    }
+    if (!valid_home(plan, s)) return;  // never for a kept row: the dispatch wrote its metadata
     warp_copy(t.heaps[s.source_rank] + c.workspace + plan.combine_row_offset(s.source_token, s.topk_pos),
               p.expert_out + static_cast<int64_t>(r) * plan.row_bytes, plan.row_bytes);
   });

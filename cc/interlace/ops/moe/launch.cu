@@ -56,8 +56,8 @@ MoeHandle::MoeHandle(Group& group, const MoeShape& shape) : group_(group), shape
   home_weight_ = align_up(home_row_ + slots * sizeof(int32_t));
   expert_start_ = align_up(home_weight_ + slots * sizeof(float));
   expert_rows_ = align_up(expert_start_ + static_cast<uint64_t>(plan_.experts_per_rank) * sizeof(int32_t));
-  const uint64_t bytes = align_up(expert_rows_ + static_cast<uint64_t>(plan_.experts_per_rank) * sizeof(int32_t));
-  offset_ = group.allocate(bytes, "moe handle (" + describe(shape) + ")");
+  bytes_ = align_up(expert_rows_ + static_cast<uint64_t>(plan_.experts_per_rank) * sizeof(int32_t));
+  offset_ = group.allocate(bytes_, "moe handle (" + describe(shape) + ")");
 }
 
 MoeHandle::~MoeHandle() {
@@ -74,6 +74,17 @@ TensorView MoeHandle::view(uint64_t offset, std::vector<int64_t> shape, DLDataTy
   v.dtype = dtype;
   v.shape = std::move(shape);
   return v;
+}
+
+void MoeHandle::check_apart(const char* op, const char* in_name, const TensorView& in, const TensorView& out) const {
+  const DLDataType byte{kDLUInt, 8, 1};
+  const uint64_t recv_end = plan_.recv_offset + static_cast<uint64_t>(plan_.recv_rows) * plan_.row_bytes;
+  const TensorView whole = view(0, {static_cast<int64_t>(bytes_)}, byte);
+  const TensorView before = view(0, {static_cast<int64_t>(plan_.recv_offset)}, byte);
+  const TensorView after = view(recv_end, {static_cast<int64_t>(bytes_ - recv_end)}, byte);
+  IL_CHECK(!bytes_overlap(out, whole), op, ": out lies in the handle's workspace; it must be separate memory");
+  IL_CHECK(!bytes_overlap(in, before) && !bytes_overlap(in, after), op, ": ", in_name,
+           " overlaps the handle's slots, combine rows or home arrays; only its receive rows (expert_x) may be read");
 }
 
 TensorView MoeHandle::expert_x() const {
@@ -150,6 +161,7 @@ void moe_combine(Group& group, MoeHandle& handle, const TensorView& expert_out, 
     check_one_node(group, "moe_combine");
     IL_CHECK(handle.tokens() >= 0, "moe_combine: the handle has not dispatched yet; call moe_dispatch with it first");
     check_moe_combine_args(expert_out, out, handle.plan(), handle.tokens(), group.device());
+    handle.check_apart("moe_combine", "expert_out", expert_out, out);
     return detail::concat("moe_combine(", describe(handle.shape()), ", workspace=", handle.workspace(),
                           ", num_blocks=", blocks, ")");
   });

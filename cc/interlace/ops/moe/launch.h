@@ -57,6 +57,11 @@ class MoeHandle : public std::enable_shared_from_this<MoeHandle> {
   TensorView expert_starts() const;  // [L] int32: a local expert's first row in expert_x
   TensorView expert_rows() const;    // [L] int32: its kept rows (the grouped GEMM's M)
 
+  // Raises unless out lies outside this handle's workspace and `in` outside all of it but the
+  // receive rows (an input may be expert_x itself): a combine writes the combine rows and reads the
+  // slots and home arrays there while it runs, and out is written last.
+  void check_apart(const char* op, const char* in_name, const TensorView& in, const TensorView& out) const;
+
  private:
   friend void moe_dispatch(Group&, MoeHandle&, const TensorView&, const TensorView&, const TensorView&, cudaStream_t);
   friend MoeCommonParams moe_common_params(Group&, const OpCall&, uint64_t, const MoeHandle&, int64_t);
@@ -66,6 +71,7 @@ class MoeHandle : public std::enable_shared_from_this<MoeHandle> {
   MoeShape shape_;
   MoePlan plan_;
   size_t offset_ = 0;  // the workspace in the heap: the plan's buffers, then the local arrays below
+  uint64_t bytes_ = 0;
   uint64_t home_row_ = 0, home_weight_ = 0, expert_start_ = 0, expert_rows_ = 0;  // from offset_
   int64_t tokens_ = -1;
 };
