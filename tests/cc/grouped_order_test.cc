@@ -1,6 +1,7 @@
 // GroupedOrder (grouped_gemm's tile order) on the CPU, walked as the engine's TileWalk walks it: CTA
 // c of S takes positions c, c + S, ... below count(), each walk with its own Cursor. Together the walks
 // give exactly the tiles the groups' row counts call for, each once, and every walk gets its share.
+// Also the automatic tile settings (resolved_grouped_gemm_tuning), which decide the order's tile width.
 #include <algorithm>
 #include <cstdint>
 #include <random>
@@ -8,7 +9,9 @@
 #include <tuple>
 #include <vector>
 
+#include "error_of.h"
 #include "gtest/gtest.h"
+#include "interlace/gemm/grouped_args.h"
 #include "interlace/gemm/grouped_order.h"
 
 namespace interlace {
@@ -105,6 +108,28 @@ TEST(GroupedOrder, AGroupsColumnsRunOneAfterAnother) {
   const std::vector<std::pair<int32_t, int32_t>> expected = {{0, 0}, {1, 0}, {2, 0}, {0, 1}, {1, 1},
                                                              {2, 1}, {3, 0}, {4, 0}, {3, 1}, {4, 1}};
   EXPECT_EQ(walked, expected);
+}
+
+// The automatic tiles: 128 x 256 without pairs where a group has at most three tile rows (C <= 384),
+// pairs of 128 x 128 elsewhere; a setting given is kept, and an automatic cluster_m follows tile_n.
+TEST(GroupedGemmTuning, AutomaticSettingsFollowTheCapacity) {
+  auto resolved = [](int cluster_m, int tile_n, int64_t capacity) {
+    const GroupedGemmTuning t = resolved_grouped_gemm_tuning(GroupedGemmTuning{cluster_m, tile_n}, capacity);
+    return std::pair{t.cluster_m, t.tile_n};
+  };
+  EXPECT_EQ(resolved(0, 0, 16), (std::pair{1, 256}));
+  EXPECT_EQ(resolved(0, 0, 384), (std::pair{1, 256}));
+  EXPECT_EQ(resolved(0, 0, 385), (std::pair{2, 128}));
+  EXPECT_EQ(resolved(0, 128, 300), (std::pair{2, 128}));  // 128-wide tiles keep their pairs past C = 128
+  EXPECT_EQ(resolved(0, 128, 128), (std::pair{1, 128}));  // one tile row: a pair's second CTA has none
+  EXPECT_EQ(resolved(2, 0, 100), (std::pair{2, 256}));
+  EXPECT_EQ(resolved(0, 256, 4096), (std::pair{1, 256}));
+  EXPECT_NE(error_of([&] { resolved(3, 0, 64); }).find("grouped_gemm: cluster_m must be 0 (automatic), 1 or 2, got 3"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              resolved_grouped_gemm_tuning(GroupedGemmTuning{0, 64}, 64, "moe_gemm_combine");
+            }).find("moe_gemm_combine: tile_n must be 0 (automatic), 128 or 256, got 64"),
+            std::string::npos);
 }
 
 }  // namespace
