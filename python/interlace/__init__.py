@@ -144,8 +144,8 @@ def grouped_gemm(a, b, out, rows, *, stream=None, cluster_m=0, tile_n=0):
     past rows[g] are left as they are. Rows and group strides 16-byte aligned (K and N multiples of 8);
     out may not overlap a, b or rows. Stream-ordered and CUDA-graph capturable. tile_n: 128 (128 x 128
     tiles, ping-pong) or 256 (128 x 256, cooperative); cluster_m, 1 or 2, is how many CTAs share each
-    load of b[g]; 0: automatic (tile_n 256 and cluster_m 1 where C <= 384, else 128 and 2). Raises interlace.Error before any GPU
-    work on bad arguments."""
+    load of b[g]; 0: automatic (tile_n 256 and cluster_m 1 where C <= 384, else 128 and 2). Raises
+    interlace.Error before any GPU work on bad arguments."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: interlace.grouped_gemm writes into out")
     if stream is None:

@@ -1,6 +1,6 @@
-// moe_dispatch / moe_combine's host checks (ops/moe/args.h): every bad argument is refused before any
-// GPU work, with a message naming the argument. Tensors are views over host buffers tagged as CUDA:
-// the checks never touch the data.
+// moe_dispatch / moe_combine / moe_gemm_combine's host checks (ops/moe/args.h): every bad argument
+// is refused before any GPU work, with a message naming the argument. Tensors are views over host
+// buffers tagged as CUDA: the checks never touch the data.
 #include "interlace/ops/moe/args.h"
 
 #include <cstddef>
@@ -140,6 +140,71 @@ TEST(MoeCombineArgs, AcceptsTheDispatchLayoutAndRefusesOthers) {
   bad.device = DLDevice{kDLCUDA, 3};
   EXPECT_TRUE(has(error(expert_out, bad), "cuda:3"));
   EXPECT_EQ(error(expert_out, tensor({0, 64}, kBf16, 40 * 128), 0), "");
+}
+
+// moe_gemm_combine: act in the receive layout viewed as [L, C, F], w [L, F, H] in either layout,
+// out [T, H]; then grouped_gemm's own stride and alignment checks on act and w.
+TEST(MoeGemmCombineArgs, ReturnsTheGroupedProblemAndRefusesEachBadArgument) {
+  MoeShape shape;
+  shape.world = 2;
+  shape.experts = 8;  // L = 4
+  shape.topk = 2;
+  shape.row_bytes = 128;  // H = 64
+  shape.tokens = 16;
+  shape.capacity = 10;
+  const MoePlan plan = make_moe_plan(shape);  // recv_rows = 4 x 10
+  const TensorView act = tensor({40, 32}, kBf16);                  // F = 32: bytes [0, 2560)
+  const TensorView w = tensor({4, 32, 64}, kBf16, 4096);           // [L, F, H], H contiguous
+  const TensorView out = tensor({12, 64}, kBf16, 24576);
+  const TensorView rows = tensor({4}, kI32, 32768);
+  auto error = [&](TensorView a, TensorView b, TensorView o) {
+    return error_of([&] { check_moe_gemm_combine_args(a, b, o, rows, plan, 12, kDevice); });
+  };
+  const GroupedGemmProblem p = check_moe_gemm_combine_args(act, w, out, rows, plan, 12, kDevice);
+  EXPECT_EQ(p.groups, 4);
+  EXPECT_EQ(p.capacity, 10);
+  EXPECT_EQ(p.k, 32);
+  EXPECT_EQ(p.n, 64);
+  EXPECT_EQ(p.lda, 32);
+  EXPECT_EQ(p.group_a, 10 * 32);  // expert l's rows start at l x C
+  EXPECT_FALSE(p.b_k_major);
+  TensorView wt = tensor({4, 32, 64}, kBf16, 4096);  // Linear weights [L, H, F] transposed: F contiguous
+  wt.strides = {64 * 32, 1, 32};
+  EXPECT_TRUE(check_moe_gemm_combine_args(act, wt, out, rows, plan, 12, kDevice).b_k_major);
+
+  TensorView bad = act;
+  bad.shape = {39, 32};
+  EXPECT_TRUE(has(error(bad, w, out), "act has shape [39, 32]; it must be [40, F]"));
+  bad = tensor({40, 0}, kBf16);
+  EXPECT_TRUE(has(error(bad, tensor({4, 0, 64}, kBf16, 4096), out), "F = 0"));
+  bad = act;
+  bad.dtype = kF32;
+  EXPECT_TRUE(has(error(bad, w, out), "act has dtype float32"));
+  bad = w;
+  bad.shape = {4, 64, 32};
+  EXPECT_TRUE(has(error(act, bad, out), "w has shape [4, 64, 32]; it must be [4, 32, 64]"));
+  bad = out;
+  bad.shape = {16, 64};
+  EXPECT_TRUE(has(error(act, w, bad), "the dispatch's tokens on this rank"));
+  bad = out;
+  bad.data = g_memory + 4096;  // on w
+  EXPECT_TRUE(has(error(act, w, bad), "out overlaps act or w"));
+  bad = act;
+  bad.shape = {40, 36};  // F = 36: rows of 72 bytes, not 16-byte aligned for TMA
+  EXPECT_TRUE(has(error(bad, tensor({4, 36, 64}, kBf16, 4096), out),
+                  "moe_gemm_combine: a's rows must be 16-byte aligned"));
+  bad = w;
+  bad.data = g_memory + 4096 + 8;
+  EXPECT_TRUE(has(error(act, bad, out), "moe_gemm_combine: b must start 16-byte aligned"));
+  bad = act;
+  bad.device = DLDevice{kDLCUDA, 3};
+  EXPECT_TRUE(has(error(bad, w, out), "cuda:3"));
+
+  MoeShape per_rank = shape;
+  per_rank.capacity_kind = MoeCapacityKind::kPerRank;
+  const MoePlan packed = make_moe_plan(per_rank);
+  EXPECT_TRUE(has(error_of([&] { check_moe_gemm_combine_args(act, w, out, rows, packed, 12, kDevice); }),
+                  "capacity_kind is per_rank; the fused GEMM needs per_expert"));
 }
 
 TEST(MoeFlagsLayout, PlanFlagsFollowTheBarrierWordsWithinTheRegion) {

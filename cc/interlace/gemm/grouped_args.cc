@@ -20,8 +20,8 @@ using gemm_operand::is_dtype;
 // another group's (and two CTAs would store the same bytes of out). The group bound counts whole
 // strided rows (rows * ld), padding included. A single group's stride is never used (the kernel then
 // gets 0, as the plain GEMM's batch stride), so it is not checked: w.t().unsqueeze(0) passes.
-void check_strides(const char* op, const char* name, int64_t ld, int64_t row_len, const char* row_len_name, int64_t group,
-                   int64_t groups, int64_t rows, const char* rows_name) {
+void check_strides(const char* op, const char* name, int64_t ld, int64_t row_len, const char* row_len_name,
+                   int64_t group, int64_t groups, int64_t rows, const char* rows_name) {
   IL_CHECK(ld >= row_len, op, ": ", name, "'s rows overlap (row stride ", ld, " < ", row_len_name, " = ",
            row_len, ")");
   IL_CHECK(ld < kMaxGemmRowStride, op, ": ", name, "'s row stride ", ld, " is beyond TMA's 2^40-byte limit");
@@ -142,7 +142,8 @@ GroupedGemmProblem check_grouped_gemm_operands(const char* op, const TensorView&
 
   // The kernel reads a, b and rows while other CTAs already store out: any shared byte is a race (and
   // a count overwritten by a product would change which rows a group computes).
-  const ByteRange out_bytes = out_or_null ? gemm_operand::byte_range(out, op, "out") : ByteRange{};  // empty: no overlap
+  // Without an out, an empty range: it overlaps nothing.
+  const ByteRange out_bytes = out_or_null ? gemm_operand::byte_range(out, op, "out") : ByteRange{};
   IL_CHECK(!out_bytes.overlaps(gemm_operand::byte_range(a, op, "a")),
            op, ": out overlaps a in memory; write the product to a separate tensor");
   IL_CHECK(!out_bytes.overlaps(gemm_operand::byte_range(b, op, "b")),
