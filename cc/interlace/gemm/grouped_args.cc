@@ -4,6 +4,7 @@
 
 #include "interlace/base/error.h"
 #include "interlace/gemm/operand.h"
+#include "interlace/gemm/tile_plan.h"
 
 namespace interlace {
 namespace {
@@ -56,6 +57,14 @@ GroupedGemmTuning resolved_grouped_gemm_tuning(GroupedGemmTuning tuning, int64_t
   if (tuning.tile_n == 0) tuning.tile_n = capacity <= 3 * 128 ? 256 : 128;
   if (tuning.cluster_m == 0) tuning.cluster_m = tuning.tile_n == 128 && capacity > 128 ? 2 : 1;
   return tuning;
+}
+
+GroupedOrder::Params checked_grouped_order(const GroupedGemmProblem& p, const GroupedGemmTuning& resolved,
+                                           const int32_t* rows, const char* op) {
+  const GroupedOrder::Params order = GroupedOrder::make(rows, p.capacity, p.n, resolved.cluster_m, resolved.tile_n);
+  IL_CHECK(p.groups * order.tile_rows * order.tiles_n <= kMaxGemmTiles, op, ": ", p.groups, " groups of ",
+           order.tile_rows, " x ", order.tiles_n, " tiles are more than the ", kMaxGemmTiles, " supported");
+  return order;
 }
 
 GroupedGemmProblem check_grouped_gemm_operands(const char* op, const TensorView& a, const TensorView& b,

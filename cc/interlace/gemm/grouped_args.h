@@ -2,9 +2,11 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "interlace/base/tensor.h"
 #include "interlace/gemm/args.h"
+#include "interlace/gemm/grouped_order.h"
 
 namespace interlace {
 
@@ -37,6 +39,21 @@ void check_grouped_gemm_tuning(const GroupedGemmTuning& tuning, const char* op =
 GroupedGemmTuning resolved_grouped_gemm_tuning(GroupedGemmTuning tuning, int64_t capacity,
                                                const char* op = "grouped_gemm");
 
+// Calls f(b_k_major, cluster_m, tile_n), each a std::integral_constant, for resolved settings: the
+// kernel variants grouped_gemm and the fused ops on it compile.
+template <class F>
+void with_grouped_tiling(bool b_k_major, const GroupedGemmTuning& resolved, F&& f) {
+  auto by_tile = [&](auto k_major, auto cluster) {
+    resolved.tile_n == 256 ? f(k_major, cluster, std::integral_constant<int, 256>{})
+                           : f(k_major, cluster, std::integral_constant<int, 128>{});
+  };
+  auto by_cluster = [&](auto k_major) {
+    resolved.cluster_m == 2 ? by_tile(k_major, std::integral_constant<int, 2>{})
+                            : by_tile(k_major, std::integral_constant<int, 1>{});
+  };
+  b_k_major ? by_cluster(std::true_type{}) : by_cluster(std::false_type{});
+}
+
 // a: [G, C, K], rows K-contiguous; b: [G, K, N], N-contiguous or K-contiguous (w.transpose(1, 2) of
 // Linear weights [G, N, K]); out: [G, C, N], rows N-contiguous; rows: int32 [G], contiguous, read on
 // the GPU (a row count per group, any int32: the kernel clamps it to [0, C]). bf16
@@ -46,6 +63,11 @@ GroupedGemmTuning resolved_grouped_gemm_tuning(GroupedGemmTuning tuning, int64_t
 // may not overlap a, b or rows. Raises interlace::Error naming the tensor.
 GroupedGemmProblem check_grouped_gemm_args(const TensorView& a, const TensorView& b, const TensorView& out,
                                            const TensorView& rows, int device);
+
+// The tile order of a launch of problem p with resolved settings, over the counts `rows` on the GPU;
+// raises where the tiles are more than kMaxGemmTiles.
+GroupedOrder::Params checked_grouped_order(const GroupedGemmProblem& p, const GroupedGemmTuning& resolved,
+                                           const int32_t* rows, const char* op = "grouped_gemm");
 
 // The same checks for a fused op named `op` whose epilogue stores elsewhere (out_or_null null: no out).
 GroupedGemmProblem check_grouped_gemm_operands(const char* op, const TensorView& a, const TensorView& b,

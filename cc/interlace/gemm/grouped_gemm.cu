@@ -1,14 +1,12 @@
 #include "interlace/gemm/grouped_gemm.h"
 
 #include <algorithm>
-#include <type_traits>
 
 #include "interlace/base/cuda.h"
 #include "interlace/gemm/grouped_args.h"
 #include "interlace/gemm/grouped_order.h"
 #include "interlace/gemm/launch.cuh"
 #include "interlace/gemm/sm90_gemm_tma_warpspecialized.cuh"
-#include "interlace/gemm/tile_plan.h"
 
 namespace interlace {
 namespace {
@@ -54,21 +52,8 @@ void launch(const GroupedGemmProblem& p, const TensorView& a, const TensorView& 
   using Epilogue = GroupedStore<Element>;
   using Params = gemm_engine::GemmParams<Config, GroupedOrder, gemm_engine::NoInputWait, Epilogue>;
   constexpr auto kernel = gemm_engine::sm90_gemm_kernel<Config, GroupedOrder, gemm_engine::NoInputWait, Epilogue>;
-  GemmProblem one;  // one group's problem: C rows
-  one.m = p.capacity;
-  one.n = p.n;
-  one.k = p.k;
-  one.lda = p.lda;
-  one.ldb = p.ldb;
   Params params{};
-  params.mainloop = gemm_engine::mainloop_params<Config>(one, a.data, b.data, static_cast<int>(p.groups), p.group_a,
-                                                         p.group_b);
-  params.m = static_cast<int32_t>(p.capacity);
-  params.n = static_cast<int32_t>(p.n);
-  params.k = static_cast<int32_t>(p.k);
-  params.groups = static_cast<int32_t>(p.groups);
-  params.order = order;
-  params.num_tiles = static_cast<int32_t>(p.groups * order.tile_rows / kClusterM * order.tiles_n);
+  gemm_engine::set_grouped_problem<Config>(params, p, a.data, b.data, order);
   params.epilogue = {static_cast<Element*>(out.data), p.ldc, p.group_out, order};
   // Every SM (no CTA waits for another, so more than fit would only queue): which positions hold
   // tiles is known only on the GPU.
@@ -87,28 +72,12 @@ void grouped_gemm(const TensorView& a, const TensorView& b, const TensorView& ou
   const GroupedGemmProblem p = check_grouped_gemm_args(a, b, out, rows, device);
   tuning = resolved_grouped_gemm_tuning(tuning, p.capacity);
   require_hopper(device, "grouped_gemm");
-  const GroupedOrder::Params order =
-      GroupedOrder::make(static_cast<const int32_t*>(rows.data), p.capacity, p.n, tuning.cluster_m, tuning.tile_n);
-  IL_CHECK(p.groups * order.tile_rows * order.tiles_n <= kMaxGemmTiles, "grouped_gemm: ", p.groups, " groups of ",
-           order.tile_rows, " x ", order.tiles_n, " tiles are more than the ", kMaxGemmTiles, " supported");
+  const GroupedOrder::Params order = checked_grouped_order(p, tuning, static_cast<const int32_t*>(rows.data));
 
   DeviceGuard guard(device);
   if (p.groups == 0 || p.capacity == 0 || p.n == 0) return;
   int num_sms = 0;
   IL_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-  auto run = [&](auto element, auto b_k_major, auto cluster, auto tile_n) {
-    using Element = decltype(element);
-    launch<Element, decltype(b_k_major)::value, decltype(cluster)::value, decltype(tile_n)::value>(p, a, b, out, order,
-                                                                                                  stream, num_sms);
-  };
-  auto by_tile = [&](auto element, auto b_k_major, auto cluster) {
-    tuning.tile_n == 256 ? run(element, b_k_major, cluster, std::integral_constant<int, 256>{})
-                         : run(element, b_k_major, cluster, std::integral_constant<int, 128>{});
-  };
-  auto by_cluster = [&](auto element, auto b_k_major) {
-    tuning.cluster_m == 2 ? by_tile(element, b_k_major, std::integral_constant<int, 2>{})
-                          : by_tile(element, b_k_major, std::integral_constant<int, 1>{});
-  };
   auto by_layout = [&](auto element) {
     using Element = decltype(element);
     if (p.k == 0) {
@@ -117,7 +86,9 @@ void grouped_gemm(const TensorView& a, const TensorView& b, const TensorView& ou
                                                           static_cast<int32_t>(p.n));
       IL_CUDA_CHECK(cudaGetLastError());
     } else {
-      p.b_k_major ? by_cluster(element, std::true_type{}) : by_cluster(element, std::false_type{});
+      with_grouped_tiling(p.b_k_major, tuning, [&](auto b_k_major, auto cluster, auto tile_n) {
+        launch<Element, b_k_major, cluster, tile_n>(p, a, b, out, order, stream, num_sms);
+      });
     }
   };
   p.dtype == GemmDtype::kBf16 ? by_layout(cutlass::bfloat16_t{}) : by_layout(cutlass::half_t{});

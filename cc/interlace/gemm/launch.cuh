@@ -9,6 +9,7 @@
 #include "cute/tensor.hpp"
 #include "interlace/base/cuda.h"
 #include "interlace/gemm/args.h"
+#include "interlace/gemm/grouped_args.h"
 
 namespace interlace::gemm_engine {
 
@@ -34,6 +35,27 @@ typename Config::Mainloop::Params mainloop_params(const GemmProblem& p, const vo
   const auto problem =
       cute::make_shape(static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), groups);
   return Mainloop::to_underlying_arguments(problem, args, nullptr);
+}
+
+// A grouped launch's problem in the engine's parameters: the mainloop over a [G, C, K] and b [G, K, N]
+// (group strides from p), the sizes, the order and its positions (every cluster tile the groups could
+// have; the walk stops at the counts' own).
+template <class Config, class Params>
+void set_grouped_problem(Params& params, const GroupedGemmProblem& p, const void* a, const void* b,
+                         const GroupedOrder::Params& order) {
+  GemmProblem one;  // one group's problem: C rows
+  one.m = p.capacity;
+  one.n = p.n;
+  one.k = p.k;
+  one.lda = p.lda;
+  one.ldb = p.ldb;
+  params.mainloop = mainloop_params<Config>(one, a, b, static_cast<int>(p.groups), p.group_a, p.group_b);
+  params.m = static_cast<int32_t>(p.capacity);
+  params.n = static_cast<int32_t>(p.n);
+  params.k = static_cast<int32_t>(p.k);
+  params.groups = static_cast<int32_t>(p.groups);
+  params.order = order;
+  params.num_tiles = static_cast<int32_t>(p.groups * order.tile_rows / Config::kClusterM * order.tiles_n);
 }
 
 // The launch of `ctas` CTAs (a multiple of Config::kClusterM) of the engine's kernel with all the

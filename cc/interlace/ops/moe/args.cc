@@ -7,6 +7,16 @@ namespace {
 
 bool is_bf16(const TensorView& t) { return t.dtype.code == kDLBfloat && t.dtype.bits == 16 && t.dtype.lanes == 1; }
 
+// A combine's out: [tokens, H] bfloat16 (tokens: the dispatch's T on this rank), contiguous, 16-byte
+// aligned, on the group's GPU.
+void check_combine_out(const char* op, const TensorView& out, const MoePlan& plan, int64_t tokens, int device) {
+  const int64_t hidden = plan.row_bytes / 2;
+  IL_CHECK(is_bf16(out), op, ": out has dtype ", out.dtype_name(), "; it must be bfloat16");
+  IL_CHECK(out.shape == std::vector<int64_t>({tokens, hidden}), op, ": out has shape ", out.shape_string(),
+           "; it must be [", tokens, ", ", hidden, "], the dispatch's tokens on this rank");
+  check_placed(op, "out", out, device, kMoeRowAlignBytes);
+}
+
 }  // namespace
 
 MoeShape check_moe_dispatch_args(const TensorView& x, const TensorView& topk_idx, const TensorView& topk_weights,
@@ -51,14 +61,11 @@ void check_moe_combine_args(const TensorView& expert_out, const TensorView& out,
   const char* op = "moe_combine";
   const int64_t hidden = plan.row_bytes / 2;
   IL_CHECK(is_bf16(expert_out), op, ": expert_out has dtype ", expert_out.dtype_name(), "; it must be bfloat16");
-  IL_CHECK(is_bf16(out), op, ": out has dtype ", out.dtype_name(), "; it must be bfloat16");
   IL_CHECK(expert_out.shape == std::vector<int64_t>({plan.recv_rows, hidden}), op, ": expert_out has shape ",
            expert_out.shape_string(), "; it must be [", plan.recv_rows, ", ", hidden,
            "], the layout of the dispatch's expert_x (its handle's receive rows)");
-  IL_CHECK(out.shape == std::vector<int64_t>({tokens, hidden}), op, ": out has shape ", out.shape_string(),
-           "; it must be [", tokens, ", ", hidden, "], the dispatch's tokens on this rank");
   check_placed(op, "expert_out", expert_out, device, kMoeRowAlignBytes);
-  check_placed(op, "out", out, device, kMoeRowAlignBytes);
+  check_combine_out(op, out, plan, tokens, device);
   IL_CHECK(!bytes_overlap(expert_out, out), op, ": expert_out and out overlap; they must be separate memory");
 }
 
@@ -72,7 +79,6 @@ GroupedGemmProblem check_moe_gemm_combine_args(const TensorView& act, const Tens
            "start at l x capacity (make the MoeHandle with capacity_kind='per_expert')");
   IL_CHECK(is_bf16(act), op, ": act has dtype ", act.dtype_name(), "; it must be bfloat16");
   IL_CHECK(is_bf16(w), op, ": w has dtype ", w.dtype_name(), "; it must be bfloat16");
-  IL_CHECK(is_bf16(out), op, ": out has dtype ", out.dtype_name(), "; it must be bfloat16");
   IL_CHECK(act.shape.size() == 2 && act.shape[0] == plan.recv_rows, op, ": act has shape ", act.shape_string(),
            "; it must be [", plan.recv_rows, ", F], the layout of the dispatch's expert_x (its handle's receive rows) "
            "with the FFN width F");
@@ -81,9 +87,7 @@ GroupedGemmProblem check_moe_gemm_combine_args(const TensorView& act, const Tens
   IL_CHECK(w.shape == std::vector<int64_t>({local, ffn, hidden}), op, ": w has shape ", w.shape_string(),
            "; it must be [", local, ", ", ffn, ", ", hidden,
            "] (local experts, F, hidden); for Linear weights [L, hidden, F] pass w.transpose(1, 2)");
-  IL_CHECK(out.shape == std::vector<int64_t>({tokens, hidden}), op, ": out has shape ", out.shape_string(),
-           "; it must be [", tokens, ", ", hidden, "], the dispatch's tokens on this rank");
-  check_placed(op, "out", out, device, kMoeRowAlignBytes);
+  check_combine_out(op, out, plan, tokens, device);
   IL_CHECK(!bytes_overlap(act, out) && !bytes_overlap(w, out), op,
            ": out overlaps act or w; it must be separate memory");
   // act's rows as the grouped GEMM's [L, C, F]: expert l's capacity rows, l x C rows apart.
@@ -92,9 +96,7 @@ GroupedGemmProblem check_moe_gemm_combine_args(const TensorView& act, const Tens
   IL_CHECK(act.strides.empty() || act.strides[1] == 1 || ffn <= 1, op, ": act's rows must be contiguous (F)");
   a.shape = {local, plan.capacity, ffn};
   a.strides = {plan.capacity * lda, lda, 1};
-  const GroupedGemmProblem p = check_grouped_gemm_operands(op, a, w, nullptr, rows, device);
-  IL_CHECK(p.dtype == GemmDtype::kBf16, op, ": act and w must be bfloat16");
-  return p;
+  return check_grouped_gemm_operands(op, a, w, nullptr, rows, device);
 }
 
 }  // namespace interlace

@@ -1,10 +1,8 @@
 #include <algorithm>
-#include <type_traits>
 
 #include "interlace/base/cuda.h"
 #include "interlace/gemm/launch.cuh"
 #include "interlace/gemm/sm90_gemm_tma_warpspecialized.cuh"
-#include "interlace/gemm/tile_plan.h"
 #include "interlace/ops/moe/args.h"
 #include "interlace/ops/moe/common_params.h"
 #include "interlace/ops/moe/gemm_combine.cuh"
@@ -34,16 +32,8 @@ struct Variant {
 
 template <class F>
 void with_variant(bool b_k_major, const GroupedGemmTuning& tuning, F&& f) {
-  auto by_tile = [&](auto k_major, auto cluster) {
-    constexpr bool kK = decltype(k_major)::value;
-    constexpr int kM = decltype(cluster)::value;
-    tuning.tile_n == 256 ? f(Variant<kK, kM, 256>{}) : f(Variant<kK, kM, 128>{});
-  };
-  auto by_cluster = [&](auto k_major) {
-    tuning.cluster_m == 2 ? by_tile(k_major, std::integral_constant<int, 2>{})
-                          : by_tile(k_major, std::integral_constant<int, 1>{});
-  };
-  b_k_major ? by_cluster(std::true_type{}) : by_cluster(std::false_type{});
+  with_grouped_tiling(b_k_major, tuning,
+                      [&](auto k_major, auto cluster, auto tile_n) { f(Variant<k_major, cluster, tile_n>{}); });
 }
 
 }  // namespace
@@ -64,11 +54,7 @@ void moe_gemm_combine(Group& group, MoeHandle& handle, const TensorView& act, co
     handle.check_apart("moe_gemm_combine", "act", act, out);
     require_hopper(group.device(), "moe_gemm_combine");
     tuning = resolved_grouped_gemm_tuning(tuning, p.capacity, "moe_gemm_combine");
-    order = GroupedOrder::make(static_cast<const int32_t*>(rows.data), p.capacity, p.n, tuning.cluster_m,
-                               tuning.tile_n);
-    IL_CHECK(p.groups * order.tile_rows * order.tiles_n <= kMaxGemmTiles, "moe_gemm_combine: ", p.groups,
-             " experts of ", order.tile_rows, " x ", order.tiles_n, " tiles are more than the ", kMaxGemmTiles,
-             " supported");
+    order = checked_grouped_order(p, tuning, static_cast<const int32_t*>(rows.data), "moe_gemm_combine");
     // Every CTA waits for the others in its last phase: no more than fit at once, and one barrier
     // word each. Not part of the signature: ranks may differ (another process's SMs), harmlessly.
     with_variant(p.b_k_major, tuning, [&](auto v) {
@@ -86,20 +72,7 @@ void moe_gemm_combine(Group& group, MoeHandle& handle, const TensorView& act, co
       using V = decltype(v);
       using Config = typename V::Config;
       typename V::Params params{};
-      GemmProblem one;  // one expert's problem: C rows of F, times [F, H]
-      one.m = p.capacity;
-      one.n = p.n;
-      one.k = p.k;
-      one.lda = p.lda;
-      one.ldb = p.ldb;
-      params.mainloop = gemm_engine::mainloop_params<Config>(one, act.data, w.data, static_cast<int>(p.groups),
-                                                             p.group_a, p.group_b);
-      params.m = static_cast<int32_t>(p.capacity);
-      params.n = static_cast<int32_t>(p.n);
-      params.k = static_cast<int32_t>(p.k);
-      params.groups = static_cast<int32_t>(p.groups);
-      params.order = order;
-      params.num_tiles = static_cast<int32_t>(p.groups * order.tile_rows / tuning.cluster_m * order.tiles_n);
+      gemm_engine::set_grouped_problem<Config>(params, p, act.data, w.data, order);  // C rows of F, times [F, H]
       MoeGemmCombineParams& e = params.epilogue;
       e.combine.c = moe_common_params(group, call, signature, handle, handle.tokens());
       e.combine.out = static_cast<char*>(out.data);
