@@ -1,6 +1,8 @@
-"""One rank of an all_gather-across-nodes scenario (test_all_gather_nodes.py): every rank is its own
-emulated node on this host (node_name per rank), so shards cross between ranks through the proxy and
-the loopback backend, as they would over a NIC. Exits non-zero on failure."""
+"""One rank of an all_gather-across-nodes scenario (test_all_gather_nodes.py): the ranks of this host
+form emulated nodes of GPUS_PER_NODE ranks each (node_name by rank), so shards cross between nodes
+through the proxy and the loopback backend, as they would over a NIC, and inside a node over NVLink.
+Usage: `python all_gather_nodes_worker.py SCENARIO [GPUS_PER_NODE]` (default 1: every rank its own
+node). Exits non-zero on failure."""
 import faulthandler
 import os
 import sys
@@ -15,6 +17,8 @@ from interlace.bench.launch import expect_error
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+GPUS_PER_NODE = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+NUM_NODES = WORLD // GPUS_PER_NODE
 
 # Bytes per rank: empty, tiny, not a multiple of 16, around the 1 MiB default chunk, several chunks
 # with a tail, and the most chunks (64) with chunks larger than the default.
@@ -22,7 +26,8 @@ SIZES = [0, 1, 17, 4097, (1 << 20) - 2, (1 << 20) + 7, (3 << 20) + 5, (64 << 20)
 
 
 def init(rate=0.0, heap_bytes=None):
-    return interlace.init(node_name=f"emulated{RANK}", cross_node="loopback", loopback_rate=rate,
+    return interlace.init(node_name=f"emulated{RANK // GPUS_PER_NODE}", cross_node="loopback",
+                          loopback_rate=rate,
                           heap_bytes=heap_bytes or (2 * WORLD + 2) * SIZES[-1] + (64 << 20), timeout_s=60.0)
 
 
@@ -57,7 +62,7 @@ def scenario_sizes():
     NCCL at every size."""
     dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
     group = init()
-    assert group.num_nodes == WORLD and group.cross_node == "loopback", (group.num_nodes, group.cross_node)
+    assert group.num_nodes == NUM_NODES and group.cross_node == "loopback", (group.num_nodes, group.cross_node)
     case = 0
     for size in SIZES:
         for dtype in (torch.uint8, torch.bfloat16) if size < (64 << 20) else (torch.bfloat16,):

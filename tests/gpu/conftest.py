@@ -30,6 +30,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=why or f"needs {need} CUDA GPU(s), this machine has {have}"))
 
 
+@pytest.fixture(params=[1, 2], ids=["node_per_gpu", "2_gpus_per_node"])
+def gpus_per_node(request):
+    """For the tests across emulated nodes: ranks per node. 1 sends every byte through the proxy; 2
+    (on 4 GPUs or more, as 2 nodes or more) mixes NVLink inside a node with the proxy between nodes,
+    and relays through a node's ranks."""
+    have, why = _gpu_count()
+    if request.param > 1 and have < 2 * request.param:
+        pytest.skip(why or f"{request.param} GPUs per node on 2 nodes needs {2 * request.param} CUDA GPUs, "
+                    f"this machine has {have}")
+    return request.param
+
+
 def pytest_runtest_logreport(report):
     """A failure's details are printed as it happens, not only in the session's summary: a GPU run cut
     short by its time limit still shows why a test failed."""

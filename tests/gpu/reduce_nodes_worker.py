@@ -1,7 +1,8 @@
-"""One rank of a reduce_scatter / all_reduce-across-nodes scenario (test_reduce_nodes.py): every rank
-is its own emulated node on this host (node_name per rank), so every rank's contribution reaches the
-others through the proxy and the loopback backend, as it would over a NIC. Exits non-zero on failure,
-saying which rank, case, element, expected and got.
+"""One rank of a reduce_scatter / all_reduce-across-nodes scenario (test_reduce_nodes.py): the ranks of
+this host form emulated nodes of GPUS_PER_NODE ranks each (all_gather_nodes_worker's), so every
+rank's contribution reaches the other nodes through the proxy and the loopback backend, as it would
+over a NIC, and its own node's ranks over NVLink. Usage: `python reduce_nodes_worker.py SCENARIO
+[GPUS_PER_NODE]`. Exits non-zero on failure, saying which rank, case, element, expected and got.
 
 The inputs and references are reduce_worker's (the single-node ops' test): every rank recomputes
 every rank's input from (case, rank), and the output must equal exact_sum, the fp32 sum in rank order
@@ -19,7 +20,7 @@ import interlace.torch as itorch
 from interlace.bench.launch import expect_error
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from all_gather_nodes_worker import expect_dead_peer_reported  # noqa: E402
+from all_gather_nodes_worker import GPUS_PER_NODE, NUM_NODES, expect_dead_peer_reported  # noqa: E402
 from reduce_worker import RANK, WORLD, expect_sum, inputs_of  # noqa: E402
 
 MIB = 1 << 20
@@ -43,7 +44,8 @@ def init(rate=0.0, heap_bytes=None):
     # covers the sizes scenario's largest calls (a (3 << 20) + 8-element bf16 block from every rank,
     # and 32 MiB of all_reduce) with symmetric outs beside them and room for the holes that scratch
     # growth leaves between them.
-    return interlace.init(node_name=f"emulated{RANK}", cross_node="loopback", loopback_rate=rate,
+    return interlace.init(node_name=f"emulated{RANK // GPUS_PER_NODE}", cross_node="loopback",
+                          loopback_rate=rate,
                           heap_bytes=heap_bytes or (32 * WORLD + 512) * MIB, timeout_s=60.0)
 
 
@@ -106,7 +108,7 @@ def check_all_reduce(group, numel, dtype, case, mode):
 def scenario_sizes():
     """Every size, dtype and kind of out against the exact reference, and all_reduce in place."""
     group = init()
-    assert group.num_nodes == WORLD and group.cross_node == "loopback", (group.num_nodes, group.cross_node)
+    assert group.num_nodes == NUM_NODES and group.cross_node == "loopback", (group.num_nodes, group.cross_node)
     case = 0
     for dtype in DTYPES:
         for n in RS_BLOCK_ELEMENTS:

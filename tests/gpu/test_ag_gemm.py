@@ -16,12 +16,11 @@ import pytest
 from interlace.bench.launch import run_scenario
 
 WORKER = os.path.join(os.path.dirname(__file__), "ag_gemm_worker.py")
-WORLD = 2
-pytestmark = pytest.mark.gpus(WORLD)
+pytestmark = pytest.mark.gpus(2)  # runs on every visible GPU
 
 
 def run(scenario, timeout_s=150):
-    return run_scenario(WORKER, scenario, WORLD, timeout_s)
+    return run_scenario(WORKER, scenario, timeout_s=timeout_s)
 
 
 def test_uneven_shards_shapes_dtypes_layouts_and_tiles():

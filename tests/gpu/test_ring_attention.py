@@ -18,12 +18,11 @@ import pytest
 from interlace.bench.launch import run_scenario
 
 WORKER = os.path.join(os.path.dirname(__file__), "ring_attention_worker.py")
-WORLD = 2
-pytestmark = pytest.mark.gpus(WORLD)
+pytestmark = pytest.mark.gpus(2)  # runs on every visible GPU
 
 
 def run(scenario, timeout_s=150):
-    return run_scenario(WORKER, scenario, WORLD, timeout_s)
+    return run_scenario(WORKER, scenario, timeout_s=timeout_s)
 
 
 def test_shapes_against_fp32_attention_over_the_whole_sequence():

@@ -89,12 +89,12 @@ def expect_error(fn, *needles, errors=None) -> str:
     raise AssertionError(f"rank {rank}: no error; expected one mentioning {needles}")
 
 
-def run_scenario(worker, scenario, world_size=None, timeout_s=600):
-    """For GPU tests: `python worker scenario` on world_size ranks (default: every visible GPU); raises
-    with every rank's output unless all of them exit 0, else returns run_ranks' results."""
+def run_scenario(worker, scenario, world_size=None, timeout_s=600, args=()):
+    """For GPU tests: `python worker scenario *args` on world_size ranks (default: every visible GPU);
+    raises with every rank's output unless all of them exit 0, else returns run_ranks' results."""
     if world_size is None:
         import torch  # here: launching ranks needs no torch otherwise
         world_size = torch.cuda.device_count()
-    results = run_ranks([worker, scenario], world_size, timeout_s)
+    results = run_ranks([worker, scenario, *map(str, args)], world_size, timeout_s)
     expect_ranks_passed(results)
     return results
