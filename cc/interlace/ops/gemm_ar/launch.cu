@@ -39,9 +39,10 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
     const int64_t m = l.problem.m, n = l.problem.n, k = l.problem.k;
     tile_n = checked_tile_n("gemm_ar", tuning, m, n, group.num_sms());
     const int band_m = band_m_for(tuning, tile_n);
-    IL_CHECK(tuning.round_m == 0, "gemm_ar: round_m is gemm_rs's; leave it 0");
-    // Who reduces what is the plan's choice: whole, balanced tile rows, one owner per tile.
-    const std::vector<int64_t> rows = gemm_ar_rows_per_rank(m, topo.world_size, kGemmRsTileM);
+    IL_CHECK(tuning.round_m >= 0, "gemm_ar: round_m must be >= 0 (0: automatic), got ", tuning.round_m);
+    // Who reduces what is the plan's choice: whole, balanced cluster-tile rows, one owner per tile, so
+    // that the owners sum in the epilogue (gemm_rs_sums_in_epilogue).
+    const std::vector<int64_t> rows = gemm_ar_rows_per_rank(m, topo.world_size, kGemmRsClusterTileM);
     const GemmRsRows tile_rows = make_gemm_rs_rows(rows, me, kGemmRsTileM);
     const GemmRsRows cluster_rows = make_gemm_rs_rows(rows, me, kGemmRsClusterTileM);
     GemmRsShared& s = l.shared;
@@ -54,9 +55,19 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
                                 [&](auto v) {
                                   l.ctas = gemm_engine::resident_ctas_of<decltype(v)>(group.device(), group.num_sms());
                                 });
-    l.reduce_ctas = gemm_rs_reduce_ctas(l.ctas, kClusterM, tuning.reduce_ctas);
+    // The throughput path: owners sum their tiles in the epilogue and store them into every peer's
+    // landing tiles, which the GEMM CTAs' idle producer warps copy into out as they land; no
+    // reducers (32 of them measured 1.94 ms at 8192^3, and 8 to 16 copier CTAs 2.45-2.71). The
+    // one-shot path (every rank sums every tile), and a given reduce_ctas, keep the reducers.
+    s.sum_in_epilogue = s.plan.broadcast && tuning.reduce_ctas == 0 && gemm_rs_sums_in_epilogue(tile_rows);
+    l.reduce_ctas = s.sum_in_epilogue ? 0 : gemm_rs_reduce_ctas(l.ctas, kClusterM, tuning.reduce_ctas);
     l.num_tiles = k == 0 ? 0 : grid.num_tiles();
-    l.order = GemmRsOrder::make(cluster_rows, grid.tiles_n, band_m);
+    // Rounds, as gemm_rs: the owners' sums, and so the landing tiles, then come all along the GEMM.
+    const int round_m = tuning.round_m != 0      ? tuning.round_m
+                        : s.sum_in_epilogue      ? gemm_rs_min_round_m(cluster_rows)
+                                                 : 0;
+    l.order = round_m ? GemmRsOrder::make_rounds(cluster_rows, grid.tiles_n, band_m, round_m)
+                      : GemmRsOrder::make(cluster_rows, grid.tiles_n, band_m);
 
     // Scratch, at the same heap offset on every rank (part of the signature): the partials' staging,
     // then, on the throughput path, a landing tile of the output type for every output tile.
@@ -79,7 +90,7 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
     s.ldo = l.problem.ldc;
     s.out_first_row = 0;
     s.n = static_cast<int32_t>(n);
-    s.reduce_tiles = k == 0 ? 0 : s.plan.reduced_rows(me) * s.plan.tiles_n;
+    s.reduce_tiles = k == 0 || s.sum_in_epilogue ? 0 : s.plan.reduced_rows(me) * s.plan.tiles_n;
     s.landing_tiles = k == 0 ? 0 : landing_tiles;
     l.a = a.data;
     l.b = b.data;
@@ -88,7 +99,7 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
     return concat("gemm_ar(m=", m, ", n=", n, ", k_r>0=", k > 0, ", dtype=", a.dtype_name(), ", path=",
                   static_cast<int>(path), ", scratch=", scratch,
                   ", tile_n=", tile_n, ", band_m=", band_m, ", pingpong=", tuning.pingpong,
-                  ", reduce_ctas=", l.reduce_ctas, ")");
+                  ", reduce_ctas=", l.reduce_ctas, ", round_m=", round_m, ")");
   });
   l.shared.signature = signature;
   call.launch([&](cudaStream_t s) {

@@ -10,9 +10,12 @@
 //   GemmRsEpilogue   instead of storing the tile to out, stores its fp32 partial into the staging
 //                    tile for (tile, this rank) of every owner whose rows the tile touches (this rank
 //                    included), then raises that staging tile's flag there to the call's op number;
-//                    with sum_in_epilogue (gemm_rs, blocks on the cluster-tile grid) a tile of this
-//                    rank's own rows is instead summed right there, from the peers' staged partials
-//                    and its registers, into out, and there are no reducers;
+//                    with sum_in_epilogue (blocks on the cluster-tile grid) a tile of this rank's own
+//                    rows is instead summed right there, from the peers' staged partials and its
+//                    registers, into out (gemm_ar: and into every peer's landing tile for it, whose
+//                    reduced flag it then raises), and there are no reducers;
+//   Phases::helpers  gemm_ar with sum_in_epilogue: the producer warpgroup's idle warps copy the
+//                    other owners' landed tiles into out as their flags rise;
 //   Phases::copy     the reducers: the last copy_ctas CTAs (the engine's SM budget) take this rank's
 //                    tiles in the plan's reduce order, wait for every sender's flag of a tile, sum the
 //                    world's partials in rank order in fp32 and round once into out;
@@ -221,6 +224,30 @@ __device__ __forceinline__ void copy_landed_tile(const GemmRsShared& p, int32_t 
   }
 }
 
+// One warp (lane of 32): as copy_landed_tile, for the producer warpgroup's helper warps, which run
+// with Config::kProducerRegisters (40): one 16-byte vector per lane and step (two spilled).
+template <class Element>
+__device__ __forceinline__ void warp_copy_landed_tile(const GemmRsShared& p, int32_t m_idx, int32_t n_idx, int lane) {
+  const GemmRsPlan& plan = p.plan;
+  const int64_t tile_row0 = static_cast<int64_t>(m_idx) * plan.rows.tile_m;
+  const int32_t rows = static_cast<int32_t>(min(static_cast<int64_t>(plan.rows.tile_m), plan.rows.m() - tile_row0));
+  const int32_t col0 = n_idx * plan.tile_n;
+  const int32_t cols = min(plan.tile_n, p.n - col0);
+  const int32_t groups = (cols + 7) / 8;  // 8 elements: 16 bytes
+  const Element* __restrict__ tile = reinterpret_cast<const Element*>(
+      p.transport.heaps[p.transport.local_rank] + p.landing + landing_offset(plan, m_idx, n_idx, sizeof(Element)));
+  Element* __restrict__ out = static_cast<Element*>(p.out) + (tile_row0 - p.out_first_row) * p.ldo + col0;
+  for (int32_t j = lane; j < rows * groups; j += 32) {
+    const int32_t row = j / groups, col = (j - row * groups) * 8;
+    if (col + 8 <= cols) {
+      *reinterpret_cast<uint4*>(out + row * p.ldo + col) =
+          __ldcg(reinterpret_cast<const uint4*>(tile + row * plan.tile_n + col));
+    } else {
+      for (int32_t e = col; e < cols; ++e) out[row * p.ldo + e] = tile[row * plan.tile_n + e];
+    }
+  }
+}
+
 }  // namespace gemm_rs_detail
 
 // Consumers, with a finished 128 x kTileN tile in registers. A tile of other owners' rows: its fp32
@@ -357,14 +384,28 @@ struct GemmRsEpilogue {
         const int col = get<1>(tile_coords(i));
         if (row >= rows_here || col >= cols_here) continue;
         Element* dst = out + row * p.ldo + col;
+        cutlass::AlignedArray<Element, 2> pair;
+        pair[0] = Element(sum[j].x);
+        pair[1] = Element(sum[j].y);
         if (col + 1 < cols_here) {  // col is even and out's rows 16-byte aligned: a 4-byte pair
-          cutlass::AlignedArray<Element, 2> pair;
-          pair[0] = Element(sum[j].x);
-          pair[1] = Element(sum[j].y);
           *reinterpret_cast<cutlass::AlignedArray<Element, 2>*>(dst) = pair;
         } else {
-          dst[0] = Element(sum[j].x);
+          dst[0] = pair[0];
         }
+        if constexpr (kOp == OpId::kGemmAr) {  // and into every peer's landing tile (whole pairs: tiles are padded)
+          for (int32_t k = 1; k < world; ++k) {  // rank + 1 first, so that owners spread their stores
+            Element* tile = reinterpret_cast<Element*>(t.heaps[(me + k) % world] + p.landing +
+                                                       landing_offset(plan, m_idx, n_idx, sizeof(Element)));
+            *reinterpret_cast<cutlass::AlignedArray<Element, 2>*>(tile + row * kTileN + col) = pair;
+          }
+        }
+      }
+    }
+    if constexpr (kOp == OpId::kGemmAr) {
+      tile_barrier<kThreads>();  // every thread's stores issued; thread q raises peer q's flag after a fence
+      if (thread_idx < world && thread_idx != me) {
+        t.signal(thread_idx, &gemm_rs_detail::flags<kOp>(t).flag[plan.reduced_flag(m_idx, n_idx)],
+                 gemm_rs_detail::op_number(t));
       }
     }
   }
@@ -380,7 +421,36 @@ struct GemmRsPhases {
 
   __device__ static bool begin(const Params& p) { return device::op_enter(p.transport, p.wait, p.signature); }
 
-  __device__ static void helpers(const Params&, int /*thread*/, int /*threads*/) {}
+  // gemm_ar with sums in the epilogue: the producer warpgroup's three idle warps of every GEMM CTA
+  // copy the other owners' tiles from this rank's landing tiles into out as their flags rise, while
+  // the consumers compute. Each warp takes its own tiles (position i of the output's tiles,
+  // row-major: within an owner's block, about the order they land in) and waits for one tile at a
+  // time, so that a tile not yet reduced holds up only its warp's few.
+  __device__ static void helpers(const Params& p, int thread, int threads) {
+    if constexpr (kAllReduce) {
+      if (!p.sum_in_epilogue) return;
+      using namespace gemm_rs_detail;
+      const device::NvlinkTransport& t = p.transport;
+      const GemmRsPlan& plan = p.plan;
+      const int32_t warps_here = threads / 32;
+      const int32_t warp = static_cast<int32_t>(blockIdx.x) * warps_here + thread / 32;
+      const int32_t warps = static_cast<int32_t>(gridDim.x) * warps_here;  // no copier CTAs with sums in the epilogue
+      const uint64_t number = op_number(t);
+      GemmRsFlags& f = flags<kOp>(t);
+      for (int32_t i = warp; i < p.landing_tiles; i += warps) {
+        const int32_t m_idx = i / plan.tiles_n, n_idx = i % plan.tiles_n;
+        if (plan.receives(t.local_rank, m_idx)) continue;  // summed here, in the epilogue
+        uint64_t seen = 1;
+        if (thread % 32 == 0) {
+          seen = t.wait(&f.flag[plan.reduced_flag(m_idx, n_idx)], number, p.wait, FlagId::kReduced,
+                        plan.rows.first_owner(m_idx));
+        }
+        if (__shfl_sync(~0u, seen, 0) == 0) return;  // a failed wait has recorded why; the call raises
+        __syncwarp();  // lane 0's acquire orders the whole warp's loads of the tile
+        warp_copy_landed_tile<Element>(p, m_idx, n_idx, thread % 32);
+      }
+    }
+  }
 
   // The reducers, every thread of copier CTA `cta` of `ctas`: tiles cta, cta + ctas, ... of this
   // rank's reduce order. Thread s < world waits for sender s's flag of the tile; the sum starts once
