@@ -13,7 +13,10 @@
 //   Phases::copy(params, cta, ctas)        every thread of the copier CTAs (GemmParams::copy_ctas of
 //                                           them; cta counts from 0), instead of any tile: e.g. the
 //                                           transfers, when idle warps push too slowly
-//   Phases::end(params)                    every thread of every CTA, last, after a __syncthreads
+//   Phases::end(params)                    every thread of every CTA, last, after a __syncthreads;
+//                                           with Phases::kEndRegisters, on the launch's even share of
+//                                           registers (168) instead of the producer's 40 (ptxas
+//                                           allots code after the roles for the fewest of any path)
 // The plain versions below compile to nothing (NoInputWait, NoPhases) and a predicated store
 // (StoreTile). InputWait::wait must return even when what it waits for never comes (its wait is
 // bounded and the group aborted): the consumers wait on the stages it loads.
@@ -29,6 +32,7 @@ namespace interlace::gemm_engine {
 
 struct NoPhases {
   struct Params {};
+  static constexpr bool kEndRegisters = false;
   __device__ static bool begin(const Params&) { return true; }
   __device__ static void helpers(const Params&, int /*thread*/, int /*threads*/) {}
   __device__ static void copy(const Params&, int /*cta*/, int /*ctas*/) {}

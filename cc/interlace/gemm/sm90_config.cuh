@@ -79,6 +79,10 @@ struct Sm90GemmConfig {
   // Registers moved from the producer (which only issues TMA) to the consumers (accumulators).
   static constexpr int kProducerRegisters = 40;
   static constexpr int kConsumerRegisters = 232;
+  // Every warpgroup's share at launch (the kernel's 168): what Phases::end runs with, once the roles
+  // hand the moved registers back.
+  static constexpr int kEvenRegisters = (kProducerRegisters + 2 * kConsumerRegisters) / 3;
+  static_assert(kEvenRegisters % 8 == 0, "setmaxnreg takes multiples of 8");
 
   struct SharedStorage {
     typename Mainloop::SharedStorage mainloop;

@@ -259,6 +259,15 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     run_consumer<Config, Order, Epilogue>(params, pipeline, shared, math_order, k_tiles, consumer_group);
   }
   if constexpr (!std::is_same_v<Phases, NoPhases>) {
+    // Registers back to the even split where end needs them (hooks.cuh): the consumers give theirs
+    // back; the producer's alloc waits until they have. Opt-in, since it costs the others a spill.
+    if constexpr (Phases::kEndRegisters) {
+      if (role == WarpGroupRole::Producer) {
+        cutlass::arch::warpgroup_reg_alloc<Config::kEvenRegisters>();
+      } else {
+        cutlass::arch::warpgroup_reg_dealloc<Config::kEvenRegisters>();
+      }
+    }
     __syncthreads();
     Phases::end(params.phases);
   }

@@ -190,6 +190,7 @@ __device__ __forceinline__ void finish_pulls(const AgGemmShared& p) {
 
 struct AgGemmPhases {
   using Params = AgGemmShared;
+  static constexpr bool kEndRegisters = false;
 
   __device__ static bool begin(const Params& p) {
     // Zeroed before op_begin, whose __syncthreads orders it before the producer reads it.

@@ -36,7 +36,7 @@ template <OpId kOp, class Element, bool kBKMajor, int kTileN, bool kPingpong>
 struct Variant {
   using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, kPingpong>;
   using Epilogue = GemmRsEpilogue<Element, kOp>;
-  using Phases = GemmRsPhases<Element, kOp>;
+  using Phases = GemmRsPhases<Element, kOp, Config>;
   using Params = gemm_engine::GemmParams<Config, GemmRsOrder, gemm_engine::NoInputWait, Epilogue, Phases>;
   static auto kernel() {
     return gemm_engine::sm90_gemm_kernel<Config, GemmRsOrder, gemm_engine::NoInputWait, Epilogue, Phases>;

@@ -14,8 +14,9 @@
 //                    rows is instead summed right there, from the peers' staged partials and its
 //                    registers, into out (gemm_ar: and into every peer's landing tile for it, whose
 //                    reduced flag it then raises), and there are no reducers;
-//   Phases::helpers  gemm_ar with sum_in_epilogue: the producer warpgroup's idle warps copy the
-//                    other owners' landed tiles into out as their flags rise;
+//   Phases::end      gemm_ar with sum_in_epilogue: after its GEMM tiles, each CTA's consumer
+//                    warpgroups copy its share of the other owners' landed tiles into out as their
+//                    flags rise;
 //   Phases::copy     the reducers: the last copy_ctas CTAs (the engine's SM budget) take this rank's
 //                    tiles in the plan's reduce order, wait for every sender's flag of a tile, sum the
 //                    world's partials in rank order in fp32 and round once into out;
@@ -224,30 +225,6 @@ __device__ __forceinline__ void copy_landed_tile(const GemmRsShared& p, int32_t 
   }
 }
 
-// One warp (lane of 32): as copy_landed_tile, for the producer warpgroup's helper warps, which run
-// with Config::kProducerRegisters (40): one 16-byte vector per lane and step (two spilled).
-template <class Element>
-__device__ __forceinline__ void warp_copy_landed_tile(const GemmRsShared& p, int32_t m_idx, int32_t n_idx, int lane) {
-  const GemmRsPlan& plan = p.plan;
-  const int64_t tile_row0 = static_cast<int64_t>(m_idx) * plan.rows.tile_m;
-  const int32_t rows = static_cast<int32_t>(min(static_cast<int64_t>(plan.rows.tile_m), plan.rows.m() - tile_row0));
-  const int32_t col0 = n_idx * plan.tile_n;
-  const int32_t cols = min(plan.tile_n, p.n - col0);
-  const int32_t groups = (cols + 7) / 8;  // 8 elements: 16 bytes
-  const Element* __restrict__ tile = reinterpret_cast<const Element*>(
-      p.transport.heaps[p.transport.local_rank] + p.landing + landing_offset(plan, m_idx, n_idx, sizeof(Element)));
-  Element* __restrict__ out = static_cast<Element*>(p.out) + (tile_row0 - p.out_first_row) * p.ldo + col0;
-  for (int32_t j = lane; j < rows * groups; j += 32) {
-    const int32_t row = j / groups, col = (j - row * groups) * 8;
-    if (col + 8 <= cols) {
-      *reinterpret_cast<uint4*>(out + row * p.ldo + col) =
-          __ldcg(reinterpret_cast<const uint4*>(tile + row * plan.tile_n + col));
-    } else {
-      for (int32_t e = col; e < cols; ++e) out[row * p.ldo + e] = tile[row * plan.tile_n + e];
-    }
-  }
-}
-
 }  // namespace gemm_rs_detail
 
 // Consumers, with a finished 128 x kTileN tile in registers. A tile of other owners' rows: its fp32
@@ -261,11 +238,22 @@ __device__ __forceinline__ void warp_copy_landed_tile(const GemmRsShared& p, int
 // they computed early in their order, without waiting) plus the one in registers, in rank order,
 // rounded once into out.
 //
-// The pushes are 8-byte column pairs straight from registers, over NVLink for peers. The issue's
-// design stages the tile in shared memory and pushes it with wide (or TMA bulk) stores.
+// With sum_in_epilogue, partials (and gemm_ar's sums in the landing tiles) travel in the consumers'
+// own order (fragment_index): the thread that reads a value back, the owner's (or, for a landing
+// tile, end's stand-in for it), holds the same position of the same tile. A warp's store is then
+// 512 contiguous bytes, 367 GB/s each way over NVLink with both GPUs pushing, against 275 for the
+// row-major fp32 column pairs and 155 for bf16 ones (tools/probes/peer_store_patterns.cu, 2 x
+// H200). The reducers' path keeps row-major tiles, which they read without knowing the MMA layout.
 template <class Element, OpId kOp>
 struct GemmRsEpilogue {
   using Params = GemmRsShared;
+
+  // Where value i (of kVector consecutive ones) of consumer thread `thread` of kThreads lies in a tile
+  // in the consumers' order, in vectors of kVector values.
+  template <int kThreads, int kVector>
+  __device__ __forceinline__ static int fragment_index(int i, int thread) {
+    return i / kVector * kThreads + thread;
+  }
 
   // The tile's consumer threads meet. Named barriers 8 and 9 (CUTLASS's user ids 0 and 1): the
   // engine's pipelines and turn-taking use mbarriers only, and the copier CTAs, which use
@@ -308,6 +296,14 @@ struct GemmRsEpilogue {
     for (int32_t q = first; q <= last; ++q) {
       if (!plan.receives(q, m_idx)) continue;  // an empty block between the tile's owners
       float* staged = reinterpret_cast<float*>(t.heaps[q] + p.staging + plan.staging_offset(q, me, m_idx, n_idx));
+      if (p.sum_in_epilogue) {  // the owner sums it in its epilogue, in this order
+        CUTE_UNROLL
+        for (int i = 0; i < size(accum); i += 4) {
+          reinterpret_cast<float4*>(staged)[fragment_index<kThreads, 4>(i, thread_idx)] =
+              make_float4(accum(i), accum(i + 1), accum(i + 2), accum(i + 3));
+        }
+        continue;
+      }
       CUTE_UNROLL
       for (int i = 0; i < size(accum); i += 2) {  // values i and i+1 are columns c and c+1 of one row
         const int row = get<0>(tile_coords(i));
@@ -326,17 +322,20 @@ struct GemmRsEpilogue {
 
   // out's rows of own tile (m_idx, n_idx) = the world's partials in rank order (sum_in_rank_order,
   // the reducers' bits), the peers' from this rank's staging once their flags rise, its own from
-  // registers. Loads in batches of kBatch column pairs, all of a sender's issued before any add.
-  // A failed wait (abort, timeout) has recorded why and returns: the sum then reads whatever is
-  // there, nothing waits any longer, and the call raises.
+  // registers; gemm_ar: the sums also into every peer's landing tile, then its reduced flag there.
+  // Loads in batches of kBatch vectors, all of a sender's issued before any add. A failed wait
+  // (abort, timeout) has recorded why and returns: the sum then reads whatever is there, nothing
+  // waits any longer, and the call raises.
   template <int kTileN, int kThreads, class Accumulators, class Coords>
   __device__ __forceinline__ static void sum_own_tile(const Params& p, const Accumulators& accum,
                                                       const Coords& tile_coords,
                                                       int thread_idx, int m_idx, int n_idx) {
     using namespace cute;
-    constexpr int kPairs = decltype(size(Accumulators{}))::value / 2;
-    constexpr int kBatch = 16;
-    static_assert(kPairs % kBatch == 0, "a thread's accumulators come in batches");
+    constexpr int kValues = decltype(size(Accumulators{}))::value;
+    // float4s per batch: 32 or (128 x 256 tiles, whose 128 accumulators leave fewer registers) 16
+    // values, whole 16-byte vectors of the bf16 landing tiles.
+    constexpr int kBatch = kValues > 64 ? 4 : 8;
+    static_assert(kValues % (4 * kBatch) == 0, "a thread's accumulators come in batches");
     const GemmRsPlan& plan = p.plan;
     const device::NvlinkTransport& t = p.transport;
     const int32_t me = t.local_rank, world = plan.rows.world;
@@ -348,55 +347,61 @@ struct GemmRsEpilogue {
     tile_barrier<kThreads>();  // the waiters' acquires, then everyone's loads
     // fp32 partials only (GemmRsPartials::kFp32): partials in the input dtype would have to round
     // this rank's registers too, as its peers' partials were, to keep the reducers' bits.
-    const float* staged =
-        reinterpret_cast<const float*>(t.heaps[me] + p.staging + plan.staging_offset(me, 0, m_idx, n_idx));
-    const uint64_t sender_stride = plan.tile_bytes / sizeof(float);  // a tile's senders lie one after another
+    const float4* staged =
+        reinterpret_cast<const float4*>(t.heaps[me] + p.staging + plan.staging_offset(me, 0, m_idx, n_idx));
+    const uint64_t sender_stride = plan.tile_bytes / sizeof(float4);  // a tile's senders lie one after another
     const int64_t tile_row0 = static_cast<int64_t>(m_idx) * plan.rows.tile_m;
     const int64_t rows_here = plan.rows.start[me + 1] - tile_row0;  // rows past this rank's block: not out's
     const int32_t col0 = n_idx * kTileN;
     const int32_t cols_here = p.n - col0;
     Element* out = static_cast<Element*>(p.out) + (tile_row0 - p.out_first_row) * p.ldo + col0;
+    const uint64_t landing = p.landing + landing_offset(plan, m_idx, n_idx, sizeof(Element));
     CUTE_UNROLL
-    for (int b = 0; b < kPairs; b += kBatch) {
-      float2 sum[kBatch];
+    for (int b = 0; b < kValues; b += 4 * kBatch) {
+      float4 sum[kBatch];
       for (int32_t s = 0; s < world; ++s) {
-        float2 v[kBatch];
+        float4 v[kBatch];
         CUTE_UNROLL
         for (int j = 0; j < kBatch; ++j) {
-          const int i = 2 * (b + j);
-          if (s == me) {
-            v[j] = make_float2(accum(i), accum(i + 1));
-          } else {
-            // __ldcg: L2 only; the peer wrote these over NVLink and the acquire made them visible.
-            v[j] = __ldcg(reinterpret_cast<const float2*>(staged + s * sender_stride + get<0>(tile_coords(i)) * kTileN +
-                                                          get<1>(tile_coords(i))));
-          }
+          const int i = b + 4 * j;
+          // __ldcg: L2 only; the peer wrote these over NVLink and the acquire made them visible.
+          v[j] = s == me ? make_float4(accum(i), accum(i + 1), accum(i + 2), accum(i + 3))
+                         : __ldcg(staged + s * sender_stride + fragment_index<kThreads, 4>(i, thread_idx));
         }
         CUTE_UNROLL
         for (int j = 0; j < kBatch; ++j) {
-          sum[j] = s == 0 ? v[j] : make_float2(sum[j].x + v[j].x, sum[j].y + v[j].y);
+          sum[j] = s == 0 ? v[j]
+                          : make_float4(sum[j].x + v[j].x, sum[j].y + v[j].y, sum[j].z + v[j].z, sum[j].w + v[j].w);
         }
       }
       CUTE_UNROLL
-      for (int j = 0; j < kBatch; ++j) {
-        const int i = 2 * (b + j);
+      for (int j = 0; j < 2 * kBatch; ++j) {  // pairs: values i and i + 1 are columns c and c + 1 of one row
+        const int i = b + 2 * j;
         const int row = get<0>(tile_coords(i));
         const int col = get<1>(tile_coords(i));
         if (row >= rows_here || col >= cols_here) continue;
-        Element* dst = out + row * p.ldo + col;
+        const float4& v = sum[j / 2];
         cutlass::AlignedArray<Element, 2> pair;
-        pair[0] = Element(sum[j].x);
-        pair[1] = Element(sum[j].y);
+        pair[0] = Element(j % 2 == 0 ? v.x : v.z);
+        pair[1] = Element(j % 2 == 0 ? v.y : v.w);
+        Element* dst = out + row * p.ldo + col;
         if (col + 1 < cols_here) {  // col is even and out's rows 16-byte aligned: a 4-byte pair
           *reinterpret_cast<cutlass::AlignedArray<Element, 2>*>(dst) = pair;
         } else {
           dst[0] = pair[0];
         }
-        if constexpr (kOp == OpId::kGemmAr) {  // and into every peer's landing tile (whole pairs: tiles are padded)
-          for (int32_t k = 1; k < world; ++k) {  // rank + 1 first, so that owners spread their stores
-            Element* tile = reinterpret_cast<Element*>(t.heaps[(me + k) % world] + p.landing +
-                                                       landing_offset(plan, m_idx, n_idx, sizeof(Element)));
-            *reinterpret_cast<cutlass::AlignedArray<Element, 2>*>(tile + row * kTileN + col) = pair;
+      }
+      if constexpr (kOp == OpId::kGemmAr) {  // every peer's landing tile, rank + 1 first to spread the owners' stores
+        using Vector = cutlass::AlignedArray<Element, 8>;
+        CUTE_UNROLL
+        for (int j = 0; j < kBatch; j += 2) {
+          Vector v;
+          const float w[8] = {sum[j].x, sum[j].y, sum[j].z, sum[j].w, sum[j + 1].x, sum[j + 1].y, sum[j + 1].z, sum[j + 1].w};
+          CUTE_UNROLL
+          for (int e = 0; e < 8; ++e) v[e] = Element(w[e]);
+          for (int32_t k = 1; k < world; ++k) {
+            reinterpret_cast<Vector*>(t.heaps[(me + k) % world] + landing)[fragment_index<kThreads, 8>(b + 4 * j,
+                                                                                                       thread_idx)] = v;
           }
         }
       }
@@ -412,45 +417,21 @@ struct GemmRsEpilogue {
 };
 
 // Element: the output's (cutlass::bfloat16_t or cutlass::half_t), for the reducers' rounding. kOp:
-// kGemmRs, or kGemmAr (the reducers then also broadcast their tiles and gather the others').
-template <class Element, OpId kOp>
+// kGemmRs, or kGemmAr (the reducers then also broadcast their tiles and gather the others'). Config:
+// the GEMM's (sm90_config.cuh), whose MMA layout end's copy of landing tiles follows.
+template <class Element, OpId kOp, class Config>
 struct GemmRsPhases {
   static constexpr bool kAllReduce = kOp == OpId::kGemmAr;
+  static constexpr int kProducerThreads = cutlass::NumThreadsPerWarpGroup;  // the engine's warpgroup 0
 
   using Params = GemmRsShared;
 
   __device__ static bool begin(const Params& p) { return device::op_enter(p.transport, p.wait, p.signature); }
 
-  // gemm_ar with sums in the epilogue: the producer warpgroup's three idle warps of every GEMM CTA
-  // copy the other owners' tiles from this rank's landing tiles into out as their flags rise, while
-  // the consumers compute. Each warp takes its own tiles (position i of the output's tiles,
-  // row-major: within an owner's block, about the order they land in) and waits for one tile at a
-  // time, so that a tile not yet reduced holds up only its warp's few.
-  __device__ static void helpers(const Params& p, int thread, int threads) {
-    if constexpr (kAllReduce) {
-      if (!p.sum_in_epilogue) return;
-      using namespace gemm_rs_detail;
-      const device::NvlinkTransport& t = p.transport;
-      const GemmRsPlan& plan = p.plan;
-      const int32_t warps_here = threads / 32;
-      const int32_t warp = static_cast<int32_t>(blockIdx.x) * warps_here + thread / 32;
-      const int32_t warps = static_cast<int32_t>(gridDim.x) * warps_here;  // no copier CTAs with sums in the epilogue
-      const uint64_t number = op_number(t);
-      GemmRsFlags& f = flags<kOp>(t);
-      for (int32_t i = warp; i < p.landing_tiles; i += warps) {
-        const int32_t m_idx = i / plan.tiles_n, n_idx = i % plan.tiles_n;
-        if (plan.receives(t.local_rank, m_idx)) continue;  // summed here, in the epilogue
-        uint64_t seen = 1;
-        if (thread % 32 == 0) {
-          seen = t.wait(&f.flag[plan.reduced_flag(m_idx, n_idx)], number, p.wait, FlagId::kReduced,
-                        plan.rows.first_owner(m_idx));
-        }
-        if (__shfl_sync(~0u, seen, 0) == 0) return;  // a failed wait has recorded why; the call raises
-        __syncwarp();  // lane 0's acquire orders the whole warp's loads of the tile
-        warp_copy_landed_tile<Element>(p, m_idx, n_idx, thread % 32);
-      }
-    }
-  }
+  // gemm_ar's end copies landing tiles with a thread's whole share of one in flight: more than the
+  // producer warpgroup's 40 registers hold.
+  static constexpr bool kEndRegisters = kAllReduce;
+  __device__ static void helpers(const Params&, int /*thread*/, int /*threads*/) {}
 
   // The reducers, every thread of copier CTA `cta` of `ctas`: tiles cta, cta + ctas, ... of this
   // rank's reduce order. Thread s < world waits for sender s's flag of the tile; the sum starts once
@@ -503,7 +484,90 @@ struct GemmRsPhases {
     }
   }
 
-  __device__ static void end(const Params& p) { device::op_end(p.transport); }
+  // gemm_ar with sums in the epilogue: once a CTA's GEMM tiles are done, its consumer warpgroups copy
+  // its share of the other owners' tiles from this rank's landing tiles into out as their flags rise
+  // (most have landed by then: the owners' sums come all along the GEMM, in rounds).
+  __device__ static void end(const Params& p) {
+    if constexpr (kAllReduce) {
+      if (p.sum_in_epilogue && threadIdx.x >= kProducerThreads) copy_landed_fragments(p);
+    }
+    device::op_end(p.transport);
+  }
+
+  // The consumer warpgroups, grouped as in the epilogue (a tile's kThreads threads: both warpgroups
+  // in cooperative, each its own in ping-pong): each group stands in for the epilogue that stored a
+  // landing tile, reads it in the consumers' order (GemmRsEpilogue::fragment_index) and stores each
+  // value where that thread's accumulator sits. Group g of CTA c takes tiles (c x groups + g) +
+  // k x (CTAs x groups) of the output's, row-major, skipping this rank's.
+  __device__ static void copy_landed_fragments(const Params& p) {
+    using namespace cute;
+    using namespace gemm_rs_detail;
+    using Epilogue = GemmRsEpilogue<Element, kOp>;
+    using TileShape = typename Config::TileShape;
+    constexpr int kTileM = decltype(size<0>(TileShape{}))::value;
+    constexpr int kTileN = decltype(size<1>(TileShape{}))::value;
+    constexpr int kThreads = decltype(size(typename Config::TiledMma{}))::value;
+    constexpr int kGroups = 2 * cutlass::NumThreadsPerWarpGroup / kThreads;
+    using Vector = cutlass::AlignedArray<Element, 8>;
+    const device::NvlinkTransport& t = p.transport;
+    const GemmRsPlan& plan = p.plan;
+    const int thread = static_cast<int>(threadIdx.x) % kThreads;  // the engine's mma_thread_idx
+    const int group = (static_cast<int>(threadIdx.x) - kProducerThreads) / kThreads;
+    typename Config::TiledMma tiled_mma;
+    Tensor coords = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));
+    Tensor tile_coords = tiled_mma.get_thread_slice(thread).partition_C(coords);
+    constexpr int kValues = decltype(size(tile_coords))::value;
+    static_assert(kValues % 64 == 0, "landing tiles go in rounds of 8 16-byte vectors");
+    __shared__ int failed[kGroups];  // only ever set, and the group stops at once
+    if (thread == 0) failed[group] = 0;
+    Epilogue::template tile_barrier<kThreads>();
+    const uint64_t number = op_number(t);
+    GemmRsFlags& f = flags<kOp>(t);
+    Element* out = static_cast<Element*>(p.out);
+    for (int32_t i = static_cast<int32_t>(blockIdx.x) * kGroups + group; i < p.landing_tiles;
+         i += static_cast<int32_t>(gridDim.x) * kGroups) {
+      const int32_t m_idx = i / plan.tiles_n, n_idx = i % plan.tiles_n;
+      if (plan.receives(t.local_rank, m_idx)) continue;  // reduced here (uniform over the group)
+      if (thread == 0 && t.wait(&f.flag[plan.reduced_flag(m_idx, n_idx)], number, p.wait, FlagId::kReduced,
+                                plan.rows.first_owner(m_idx)) == 0) {
+        failed[group] = 1;
+      }
+      Epilogue::template tile_barrier<kThreads>();  // thread 0's acquire, then everyone's loads
+      if (failed[group]) return;
+      const Vector* tile = reinterpret_cast<const Vector*>(t.heaps[t.local_rank] + p.landing +
+                                                           landing_offset(plan, m_idx, n_idx, sizeof(Element)));
+      const int64_t tile_row0 = static_cast<int64_t>(m_idx) * kTileM;
+      const int64_t rows = plan.rows.m() - tile_row0;
+      const int32_t col0 = n_idx * kTileN;
+      const int32_t cols = p.n - col0;
+      Element* dst0 = out + tile_row0 * p.ldo + col0;
+      constexpr int kChunk = 64;  // values per round of loads: 8 vectors in flight
+      CUTE_UNROLL
+      for (int c = 0; c < kValues; c += kChunk) {
+        Vector v[kChunk / 8];  // all loads first
+        CUTE_UNROLL
+        for (int j = 0; j < kChunk; j += 8) {
+          *reinterpret_cast<uint4*>(&v[j / 8]) = __ldcg(
+              reinterpret_cast<const uint4*>(tile + Epilogue::template fragment_index<kThreads, 8>(c + j, thread)));
+        }
+        CUTE_UNROLL
+        for (int j = 0; j < kChunk; j += 2) {  // values c + j and c + j + 1: columns k and k + 1 of one row
+          const int row = get<0>(tile_coords(c + j));
+          const int col = get<1>(tile_coords(c + j));
+          if (row >= rows || col >= cols) continue;
+          Element* dst = dst0 + row * p.ldo + col;
+          if (col + 1 < cols) {  // col is even and out's rows 16-byte aligned: a 4-byte pair
+            cutlass::AlignedArray<Element, 2> pair;
+            pair[0] = v[j / 8][j % 8];
+            pair[1] = v[j / 8][j % 8 + 1];
+            *reinterpret_cast<cutlass::AlignedArray<Element, 2>*>(dst) = pair;
+          } else {
+            dst[0] = v[j / 8][j % 8];
+          }
+        }
+      }
+    }
+  }
 };
 
 }  // namespace interlace

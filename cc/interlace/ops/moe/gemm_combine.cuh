@@ -89,6 +89,7 @@ struct CombineEpilogue {
 
 struct CombinePhases {
   using Params = MoeGemmCombineParams;
+  static constexpr bool kEndRegisters = false;  // its sum fits in the producer warpgroup's 40 registers
 
   __device__ static bool begin(const Params& p) {
     return device::op_enter(p.combine.c.transport, p.combine.c.wait, p.combine.c.signature);
