@@ -102,7 +102,7 @@ def all_reduce(out, inp, group, *, stream=None, algorithm="auto", num_blocks=0, 
     """out = the sum over ranks of inp (same shape); out may be inp itself (in place). float16,
     bfloat16 or float32, any element count, summed in fp32 in rank order and rounded once: the same
     bits on every rank and every run. One launch: "one_shot" (every rank sums every rank's whole
-    input; automatic up to 256 KiB) or "two_shot" (each rank sums one share, then sends it to every
+    input; automatic up to 256 KiB, 4 MiB on two ranks) or "two_shot" (each rank sums one share, then sends it to every
     rank; if out is symmetric, group.empty, owners store into it directly). Heap scratch: (world - 1)
     x the input for one-shot, up to 2 x (world - 1) / world x for two-shot. Stream-ordered and
     CUDA-graph capturable. num_blocks and chunk_bytes tune the kernel (0: automatic). Raises

@@ -88,9 +88,12 @@ TEST(ReducePlan, AllReducePicksOneShotForSmallMessages) {
   };
   EXPECT_EQ(algorithm(2, 2), ReduceAlgorithm::kOneShot);
   EXPECT_EQ(algorithm(16 << 10, 2), ReduceAlgorithm::kOneShot);
-  EXPECT_EQ(algorithm(kAllReduceOneShotMaxBytes, 2), ReduceAlgorithm::kOneShot);
-  EXPECT_EQ(algorithm(kAllReduceOneShotMaxBytes + 2, 2), ReduceAlgorithm::kTwoShot);
   EXPECT_EQ(algorithm(kAllReduceOneShotMaxBytes, 8), ReduceAlgorithm::kOneShot);
+  EXPECT_EQ(algorithm(kAllReduceOneShotMaxBytes + 2, 8), ReduceAlgorithm::kTwoShot);
+  EXPECT_EQ(algorithm(kAllReduceOneShotMaxBytes + 2, 3), ReduceAlgorithm::kTwoShot);
+  // Two ranks: both move the same bytes, one-shot has a hop less.
+  EXPECT_EQ(algorithm(kAllReduceOneShotMaxBytesTwoRanks, 2), ReduceAlgorithm::kOneShot);
+  EXPECT_EQ(algorithm(kAllReduceOneShotMaxBytesTwoRanks + 2, 2), ReduceAlgorithm::kTwoShot);
   EXPECT_EQ(algorithm(256ull << 20, 2), ReduceAlgorithm::kTwoShot);
   EXPECT_EQ(algorithm(256ull << 20, 1), ReduceAlgorithm::kOneShot);  // nothing to share
   EXPECT_EQ(algorithm(256ull << 20, 2, {ReduceAlgorithm::kOneShot}), ReduceAlgorithm::kOneShot);

@@ -83,6 +83,7 @@ struct Sm90GemmConfig {
   // hand the moved registers back.
   static constexpr int kEvenRegisters = (kProducerRegisters + 2 * kConsumerRegisters) / 3;
   static_assert(kEvenRegisters % 8 == 0, "setmaxnreg takes multiples of 8");
+  static_assert(kEvenRegisters * kThreads <= 65536, "the split must fit the SM's register file");
 
   struct SharedStorage {
     typename Mainloop::SharedStorage mainloop;

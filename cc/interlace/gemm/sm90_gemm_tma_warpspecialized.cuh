@@ -259,6 +259,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     run_consumer<Config, Order, Epilogue>(params, pipeline, shared, math_order, k_tiles, consumer_group);
   }
   if constexpr (!std::is_same_v<Phases, NoPhases>) {
+    __syncthreads();  // also the sync PTX asks for between a warpgroup's setmaxnreg instructions
     // Registers back to the even split where end needs them (hooks.cuh): the consumers give theirs
     // back; the producer's alloc waits until they have. Opt-in, since it costs the others a spill.
     if constexpr (Phases::kEndRegisters) {
@@ -268,7 +269,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         cutlass::arch::warpgroup_reg_dealloc<Config::kEvenRegisters>();
       }
     }
-    __syncthreads();
     Phases::end(params.phases);
   }
 #elif defined(__CUDA_ARCH__)

@@ -1,7 +1,8 @@
 // gemm_ar: gemm_rs's kernel (ops/gemm_rs/kernel.cuh) on one of two paths (choose_gemm_rs_path):
-//   throughput  owners of whole 128-row tile rows (gemm_ar_rows_per_rank) whose reducers also push
-//               each reduced tile to every rank's landing tiles, from which every rank's reducers
-//               copy the other owners' tiles into out;
+//   throughput  owners of whole 256-row cluster-tile rows (gemm_ar_rows_per_rank) sum their tiles in
+//               the epilogue and also store each sum into every peer's landing tile for it; each
+//               rank's CTAs copy the other owners' landed tiles into out after their GEMM tiles
+//               (with a given reduce_ctas, reducer CTAs sum, push and copy instead);
 //   one-shot    (decode: small M, one wave of tiles, a small push) every rank's epilogue pushes every
 //               tile's partial to every rank, and every rank's reducers sum all of out: no second hop.
 // Both add the same fp32 values in the same order: the same bits on every rank and either path.
@@ -56,9 +57,9 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
                                   l.ctas = gemm_engine::resident_ctas_of<decltype(v)>(group.device(), group.num_sms());
                                 });
     // The throughput path: owners sum their tiles in the epilogue and store them into every peer's
-    // landing tiles, which the GEMM CTAs' idle producer warps copy into out as they land; no
-    // reducers (32 of them measured 1.94 ms at 8192^3, and 8 to 16 copier CTAs 2.45-2.71). The
-    // one-shot path (every rank sums every tile), and a given reduce_ctas, keep the reducers.
+    // landing tiles, which each CTA's consumers copy into out after its GEMM tiles; no reducers (32
+    // of them measured 1.92 ms at 8192^3 against 1.09). The one-shot path (every rank sums every
+    // tile), and a given reduce_ctas, keep the reducers.
     s.sum_in_epilogue = s.plan.broadcast && tuning.reduce_ctas == 0 && gemm_rs_sums_in_epilogue(tile_rows);
     l.reduce_ctas = s.sum_in_epilogue ? 0 : gemm_rs_reduce_ctas(l.ctas, kClusterM, tuning.reduce_ctas);
     l.num_tiles = k == 0 ? 0 : grid.num_tiles();

@@ -26,8 +26,9 @@
 //                    land. gemm_ar, one-shot path (decode): every rank receives every partial and
 //                    sums all of out itself.
 // Without sum_in_epilogue the GEMM CTAs never wait on anything but the handshake, so they always
-// finish; with it they wait only in their own tiles, which come last (GemmRsOrder), for partials that
-// peers compute without waiting, which needs every CTA of the grid resident at once (as ag_gemm's
+// finish; with it they wait only in their own tiles (gemm_ar: and in end, for the owners' sums of
+// those tiles), for partials that peers compute in earlier slots without waiting (GemmRsOrder),
+// which needs every CTA of the grid resident at once (as ag_gemm's
 // waits do; the launch sizes the grid to one CTA per SM). Every wait is bounded: a failed one (abort,
 // timeout) has recorded why and returns, and the call raises afterwards.
 #pragma once
@@ -59,13 +60,15 @@ struct GemmRsShared {
   int32_t n;
   int32_t reduce_tiles;  // tiles the reducers sum: plan.reduced_rows(me) * tiles_n; 0 when K = 0 or sum_in_epilogue
   int32_t landing_tiles; // gemm_ar: every output tile (tiles_m * tiles_n; 0 when K = 0); gemm_rs: 0
-  // gemm_rs with every block on the cluster-tile grid (gemm_rs_sums_in_epilogue): an owner sums its
-  // own tiles in the epilogue that computed its partial, and there are no reducers.
+  // Every block on the cluster-tile grid (gemm_rs_sums_in_epilogue) and no reduce_ctas given: an
+  // owner sums its own tiles in the epilogue that computed its partial, and there are no reducers.
+  // Staging and landing tiles are then in the consumers' order (GemmRsEpilogue::fragment_index).
   int32_t sum_in_epilogue = 0;
 };
 
 // gemm_ar's landing tiles: tile (m_idx, n_idx)'s reduced values, 128 x tile_n elements of the output
-// type, row-major, tile-major over the whole output.
+// type (row-major for the reducers, in the consumers' order with sum_in_epilogue), tile-major over
+// the whole output.
 IL_HOST_DEVICE inline uint64_t landing_offset(const GemmRsPlan& plan, int32_t m_idx, int32_t n_idx, int element_bytes) {
   return (static_cast<uint64_t>(m_idx) * plan.tiles_n + n_idx) * plan.rows.tile_m * plan.tile_n * element_bytes;
 }
@@ -332,8 +335,9 @@ struct GemmRsEpilogue {
                                                       int thread_idx, int m_idx, int n_idx) {
     using namespace cute;
     constexpr int kValues = decltype(size(Accumulators{}))::value;
-    // float4s per batch: 32 or (128 x 256 tiles, whose 128 accumulators leave fewer registers) 16
-    // values, whole 16-byte vectors of the bf16 landing tiles.
+    // float4s per batch: 32 values, or 16 where a thread holds 128 accumulators (ping-pong 128 x 128
+    // and cooperative 128 x 256 tiles) and has fewer registers left; whole 16-byte vectors of the
+    // bf16 landing tiles either way.
     constexpr int kBatch = kValues > 64 ? 4 : 8;
     static_assert(kValues % (4 * kBatch) == 0, "a thread's accumulators come in batches");
     const GemmRsPlan& plan = p.plan;
@@ -428,7 +432,7 @@ struct GemmRsPhases {
 
   __device__ static bool begin(const Params& p) { return device::op_enter(p.transport, p.wait, p.signature); }
 
-  // gemm_ar's end copies landing tiles with a thread's whole share of one in flight: more than the
+  // gemm_ar's end copies landing tiles with 8 16-byte vectors in flight per thread: more than the
   // producer warpgroup's 40 registers hold.
   static constexpr bool kEndRegisters = kAllReduce;
   __device__ static void helpers(const Params&, int /*thread*/, int /*threads*/) {}
@@ -566,6 +570,8 @@ struct GemmRsPhases {
           }
         }
       }
+      // Every thread has read failed[group] before thread 0 may set it for the next tile.
+      Epilogue::template tile_barrier<kThreads>();
     }
   }
 };

@@ -17,9 +17,10 @@ struct GemmRsTuning {
   bool pingpong = true;  // consumer warpgroups on alternate 128 x 128 tiles (as gemm); false: cooperative
   // CTAs (SMs) set aside from the GEMM to sum this rank's tiles, a multiple of 2. 0: none where every
   // block starts on the 256-row cluster-tile grid (owners sum in the GEMM's epilogue), else 32
-  // (gemm_ar: always 32). Given, it forces that many reducers (to time one path against the other).
+  // (gemm_ar's one-shot path: always 32). Given, it forces that many reducers (to time one path
+  // against the other).
   int reduce_ctas = 0;
-  // gemm_rs, blocks on the 256-row grid: cluster-tile rows per owner per round of the tile order
+  // Blocks on the 256-row grid: cluster-tile rows per owner per round of the tile order
   // (GemmRsOrder::make_rounds), spreading the pushes over the whole GEMM; 0: automatic (the thinnest
   // that fit; off the grid, each owner's block whole, peers' first); a whole block or more: whole blocks.
   int round_m = 0;

@@ -107,7 +107,7 @@ struct GemmRsPlan {
   int32_t reduce_band_m = 1;        // the reducer's bands, in tile rows
   int32_t partial_flags = 0;        // flags [0, partial_flags) of a receiver's region: one per (tile, sender)
   int32_t flags = 0;                // then, with broadcast, one per output tile: reduced_flag()
-  uint64_t tile_bytes = 0;          // one staging tile: tile_m x tile_n partials, row-major
+  uint64_t tile_bytes = 0;          // one staging tile: tile_m x tile_n partials (row-major, or the consumers' order)
   uint64_t staging_bytes = 0;       // partial_flags tiles; the same on every rank
 
   // The tile rows receiver q sums: first_reduced_row(q) .. + reduced_rows(q) - 1.

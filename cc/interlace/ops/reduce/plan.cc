@@ -78,8 +78,8 @@ ReducePlan plan_all_reduce(uint64_t bytes, int element_bytes, int world, int ran
   plan.bytes = bytes;
   plan.algorithm = tuning.algorithm;
   if (plan.algorithm == ReduceAlgorithm::kAuto) {
-    plan.algorithm = bytes <= kAllReduceOneShotMaxBytes || world == 1 ? ReduceAlgorithm::kOneShot
-                                                                      : ReduceAlgorithm::kTwoShot;
+    const uint64_t one_shot_max = world == 2 ? kAllReduceOneShotMaxBytesTwoRanks : kAllReduceOneShotMaxBytes;
+    plan.algorithm = bytes <= one_shot_max || world == 1 ? ReduceAlgorithm::kOneShot : ReduceAlgorithm::kTwoShot;
   }
   // Two-shot: world shares of a 16-byte multiple, the last ones shorter or empty. One-shot: one share,
   // the whole message. Staging slots are share_bytes apart, so share_bytes is a multiple of 16 either

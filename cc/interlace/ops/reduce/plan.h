@@ -84,10 +84,13 @@ struct ReduceTuning {
   uint64_t chunk_bytes = 0;                             // 0: automatic; a multiple of 16
 };
 
-// all_reduce is one-shot for messages up to this many bytes per rank. A starting point to tune on
-// the GPU (bench: python -m interlace.bench all_reduce times both), not a measurement: one-shot
-// saves a hop and a flag wait; two-shot moves (world - 1) / world of the bytes one-shot does.
+// all_reduce is one-shot for messages up to this many bytes per rank. One-shot saves a hop and a
+// flag wait; two-shot moves (world - 1) / world of the bytes one-shot does. On two ranks both move
+// the same bytes, and one-shot measured faster up to 4 MiB (2 x H200, under graph replay 16.1
+// against 20.5 us at 1 MiB; eager 31.5 against 33.0 us at 4 MiB, even at 16 MiB, slower at 64:
+// bench/results/NOTES.md); past two ranks 256 KiB is a starting point, not a measurement.
 constexpr uint64_t kAllReduceOneShotMaxBytes = uint64_t{256} << 10;
+constexpr uint64_t kAllReduceOneShotMaxBytesTwoRanks = uint64_t{4} << 20;
 
 // out_bytes: one rank's share (out's bytes); element_bytes: 2 or 4; resident_blocks: how many of the
 // kernel's CTAs fit on the GPU at once (all must run: they wait on each other across GPUs).
