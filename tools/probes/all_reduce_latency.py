@@ -1,9 +1,10 @@
 """Where does a small all_reduce's time go under CUDA-graph replay? Per-call microseconds (graphs of 20
 calls, median of 30 replays, the slower rank's) of interlace.all_reduce by algorithm and CTA count,
 against torch's symmetric-memory one_shot_all_reduce and a graph of 20 tiny torch kernels (the
-launch floor). Run on the GPU machine: `python3 tools/probes/all_reduce_latency.py` (starts one rank
-per GPU)."""
+launch floor). Run on the GPU machine: `python3 tools/probes/all_reduce_latency.py [--auto_only]`
+(starts one rank per GPU; --auto_only: the automatic settings only)."""
 import os
+import sys
 
 import torch
 
@@ -56,7 +57,7 @@ def rank_main():
         rows.append((f"{size >> 10} KiB torch one_shot",
                      per_call_us(lambda: torch.ops.symm_mem.one_shot_all_reduce_out(sym, "sum", symm.group_name,
                                                                                     torch_out))))
-        for algorithm in ("auto", "one_shot", "two_shot"):
+        for algorithm in ("auto",) if "--auto_only" in sys.argv else ("auto", "one_shot", "two_shot"):
             for blocks in (0, 1, 2, 4, 8, 16, 32):
                 if algorithm == "auto" and blocks:
                     continue
@@ -80,4 +81,4 @@ if __name__ == "__main__":
     else:
         from interlace.bench.launch import expect_ranks_passed, run_ranks
 
-        expect_ranks_passed(run_ranks([os.path.abspath(__file__)], torch.cuda.device_count(), 240))
+        expect_ranks_passed(run_ranks([os.path.abspath(__file__), *sys.argv[1:]], torch.cuda.device_count(), 240))
