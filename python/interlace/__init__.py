@@ -242,7 +242,7 @@ def gemm_ar(a, b, out, group, *, stream=None, band_m=0, tile_n=0, pingpong=True,
     a is [M, K_r] and b [K_r, N] as for gemm_rs; out is the whole [M, N]. Each tile row is summed by
     one owner (whole, balanced 256-row tile rows per rank), in fp32 in rank order, rounded once, and
     sent to every rank: the result is bitwise the same on every run and on every rank. Tuning as
-    gemm_rs (reduce_ctas given: reducer CTAs instead of sums in the epilogue).
+    gemm_rs, without round_m (reduce_ctas given: reducer CTAs instead of sums in the epilogue).
     Needs heap scratch for the fp32 partials of the tiles this rank owns (world x M / world x N x 4
     bytes, about) and a landing copy of out (M x N x 2 bytes). Stream-ordered, graph-capturable; raises
     interlace.Error before any GPU work on bad arguments."""
