@@ -26,10 +26,17 @@ def counts(g):
     return np.zeros(g, np.int32)
 
 
-def strided(shape, strides, dtype=np.float16):
-    """A view with any shape and element strides over 8 elements: the checks never read it."""
-    base = zeros(8, dtype)
+def strided(shape, strides, dtype=np.float16, reach=8):
+    """A view with any shape and element strides over `reach` elements (the checks never read them).
+    The bytes it claims may run past them, over other arrays: the overlap checks then see operands
+    overlap by chance of allocation. Valid layouts that must pass use apart()."""
+    base = zeros(reach, dtype)
     return np.lib.stride_tricks.as_strided(base, shape=shape, strides=tuple(base.itemsize * s for s in strides))
+
+
+def apart(shape, strides):
+    """strided over memory of its own as long as the view's reach (non-negative strides)."""
+    return strided(shape, strides, reach=1 + sum((n - 1) * s for n, s in zip(shape, strides)))
 
 
 # Host arrays fail the device check, which comes last. To see valid layouts pass and what they
@@ -98,7 +105,7 @@ PADDED_A = f16(4, 80, 40)  # capacity 80, rows of 40: a [4, 64, 32] view with pa
     (f16(1, 8, 8), f16(1, 8, 8), f16(1, 8, 8), (1, 8, 8, 8, False)),
     # One group: its stride is never used, so any passes, e.g. torch's w.t().unsqueeze(0) of a Linear
     # weight [N, K] = [16, 32] (strides (K, 1, K)), or a stride of 0 or one not 16-byte aligned.
-    (strided((1, 64, 32), (3, 32, 1)), strided((1, 32, 16), (32, 1, 32)), strided((1, 64, 16), (0, 16, 1)),
+    (apart((1, 64, 32), (3, 32, 1)), apart((1, 32, 16), (32, 1, 32)), apart((1, 64, 16), (0, 16, 1)),
      (1, 64, 16, 32, True)),
 ], ids=["b_n_contiguous", "b_k_contiguous", "padded_rows_and_groups", "b_k_contiguous_padded", "one_group",
         "one_group_any_group_strides"])
