@@ -30,6 +30,10 @@
 
 namespace interlace::gemm_engine {
 
+// The producer warpgroup's threads: 0 .. kProducerThreads - 1 of every CTA; the consumer warpgroups'
+// follow. Phases::end runs on both; without kEndRegisters the producer's keep only 40 registers.
+constexpr int kProducerThreads = 128;
+
 struct NoPhases {
   struct Params {};
   static constexpr bool kEndRegisters = false;

@@ -40,7 +40,6 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
     const int64_t m = l.problem.m, n = l.problem.n, k = l.problem.k;
     tile_n = checked_tile_n("gemm_ar", tuning, m, n, group.num_sms());
     const int band_m = band_m_for(tuning, tile_n);
-    IL_CHECK(tuning.round_m >= 0, "gemm_ar: round_m must be >= 0 (0: automatic), got ", tuning.round_m);
     // Who reduces what is the plan's choice: whole, balanced cluster-tile rows, one owner per tile, so
     // that the owners sum in the epilogue (gemm_rs_sums_in_epilogue).
     const std::vector<int64_t> rows = gemm_ar_rows_per_rank(m, topo.world_size, kGemmRsClusterTileM);
@@ -64,11 +63,8 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
     l.reduce_ctas = s.sum_in_epilogue ? 0 : gemm_rs_reduce_ctas(l.ctas, kClusterM, tuning.reduce_ctas);
     l.num_tiles = k == 0 ? 0 : grid.num_tiles();
     // Rounds, as gemm_rs: the owners' sums, and so the landing tiles, then come all along the GEMM.
-    const int round_m = tuning.round_m != 0      ? tuning.round_m
-                        : s.sum_in_epilogue      ? gemm_rs_min_round_m(cluster_rows)
-                                                 : 0;
-    l.order = round_m ? GemmRsOrder::make_rounds(cluster_rows, grid.tiles_n, band_m, round_m)
-                      : GemmRsOrder::make(cluster_rows, grid.tiles_n, band_m);
+    int round_m = 0;
+    l.order = tile_order(tuning, cluster_rows, grid.tiles_n, band_m, s.sum_in_epilogue, &round_m);
 
     // Scratch, at the same heap offset on every rank (part of the signature): the partials' staging,
     // then, on the throughput path, a landing tile of the output type for every output tile.

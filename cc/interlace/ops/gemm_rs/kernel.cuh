@@ -40,6 +40,7 @@
 #include "cutlass/array.h"
 #include "interlace/device/op_sequence.cuh"
 #include "interlace/device/transport.cuh"
+#include "interlace/gemm/hooks.cuh"
 #include "interlace/ops/gemm_rs/flags.h"
 #include "interlace/ops/gemm_rs/plan.h"
 
@@ -425,7 +426,6 @@ struct GemmRsEpilogue {
 template <class Element, OpId kOp, class Config>
 struct GemmRsPhases {
   static constexpr bool kAllReduce = kOp == OpId::kGemmAr;
-  static constexpr int kProducerThreads = cutlass::NumThreadsPerWarpGroup;  // the engine's warpgroup 0
 
   using Params = GemmRsShared;
 
@@ -492,7 +492,7 @@ struct GemmRsPhases {
   // (most have landed by then: the owners' sums come all along the GEMM, in rounds).
   __device__ static void end(const Params& p) {
     if constexpr (kAllReduce) {
-      if (p.sum_in_epilogue && threadIdx.x >= kProducerThreads) copy_landed_fragments(p);
+      if (p.sum_in_epilogue && threadIdx.x >= gemm_engine::kProducerThreads) copy_landed_fragments(p);
     }
     device::op_end(p.transport);
   }
@@ -515,7 +515,7 @@ struct GemmRsPhases {
     const device::NvlinkTransport& t = p.transport;
     const GemmRsPlan& plan = p.plan;
     const int thread = static_cast<int>(threadIdx.x) % kThreads;  // the engine's mma_thread_idx
-    const int group = (static_cast<int>(threadIdx.x) - kProducerThreads) / kThreads;
+    const int group = (static_cast<int>(threadIdx.x) - gemm_engine::kProducerThreads) / kThreads;
     typename Config::TiledMma tiled_mma;
     Tensor coords = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));
     Tensor tile_coords = tiled_mma.get_thread_slice(thread).partition_C(coords);

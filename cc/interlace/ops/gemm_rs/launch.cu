@@ -108,12 +108,8 @@ void gemm_rs(Group& group, const TensorView& a, const TensorView& b, const Tenso
     s.sum_in_epilogue = tuning.reduce_ctas == 0 && on_grid;
     l.reduce_ctas = s.sum_in_epilogue ? 0 : gemm_rs_reduce_ctas(l.ctas, kClusterM, tuning.reduce_ctas);
     l.num_tiles = k == 0 ? 0 : grid.num_tiles();
-    IL_CHECK(tuning.round_m >= 0, "gemm_rs: round_m must be >= 0 (0: automatic), got ", tuning.round_m);
-    // Rounds of the thinnest bands that fit measured faster than whole blocks at every shape tried
-    // (1.646 against 1.673 ms at 8192 x 14336 x 8192, 0.540 against 0.601 at 4096 x 8192 x 8192).
-    const int round_m = tuning.round_m != 0 ? tuning.round_m : on_grid ? gemm_rs_min_round_m(cluster_rows) : 0;
-    l.order = round_m ? GemmRsOrder::make_rounds(cluster_rows, grid.tiles_n, band_m, round_m)
-                      : GemmRsOrder::make(cluster_rows, grid.tiles_n, band_m);
+    int round_m = 0;
+    l.order = tile_order(tuning, cluster_rows, grid.tiles_n, band_m, on_grid, &round_m);
 
     // Staging (GemmRsPlan::staging_bytes, the same on every rank) at the same heap offset everywhere:
     // the offset is part of the signature, so ranks whose scratch differs raise rather than run.

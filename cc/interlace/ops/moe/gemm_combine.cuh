@@ -23,6 +23,7 @@
 
 #include "cute/tensor.hpp"
 #include "interlace/gemm/grouped_order.h"
+#include "interlace/gemm/hooks.cuh"
 #include "interlace/ops/moe/device.cuh"
 
 namespace interlace {
@@ -121,9 +122,10 @@ struct CombinePhases {
     }
     __syncthreads();
     if (failed) return;
-    // The consumer warpgroups sum: the producer warpgroup gave up its registers (setmaxnreg) for
-    // the GEMM, and sum_token needs more than it kept.
-    constexpr int32_t kProducerThreads = 128;
+    // The consumer warpgroups sum, a warp per token. (Code here gets the producer warpgroup's 40
+    // registers whichever threads run it: ptxas allots it for the fewest of any path into it;
+    // sum_token fits, with no spills, so this Phases keeps kEndRegisters off.)
+    using gemm_engine::kProducerThreads;
     const int32_t warps_per_cta = (blockDim.x - kProducerThreads) / 32;
     if (threadIdx.x >= kProducerThreads) {
       const int32_t warps = gridDim.x * warps_per_cta;
