@@ -13,7 +13,8 @@ namespace interlace {
 struct GemmTuning {
   int band_m = 0;         // cluster-tile rows per band of the tile order (L2 reuse); see BandedOrder
   int tile_n = 0;         // cooperative only: output tile width, 128 or 256 (0: choose_tile_n)
-  int cluster_m = 0;      // CTAs per cluster along M, 1 or 2 (2: the pair shares B through TMA multicast)
+  int cluster_m = 0;      // CTAs per cluster along M, 1 or 2 (2: the pair shares B through TMA multicast;
+                          // automatic: 1 for one tile row, M <= 128)
   bool pingpong = true;   // consumer warpgroups on alternate 128 x 128 tiles; false: cooperative
 };
 

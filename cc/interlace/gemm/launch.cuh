@@ -13,8 +13,34 @@
 
 namespace interlace::gemm_engine {
 
+// A's TMA box of kRows rows instead of the tile's, for a problem of fewer rows than a tile: a box
+// mostly past M costs the mainloop most of its time (1 x 4096 @ 4096 x 8192: 43 us against 25 for 128
+// rows, 1 x H200, tools/probes/gemm_decode.py). The tile's other A rows in shared memory keep whatever
+// they held; they only feed output rows past M, which no epilogue stores or sends. The descriptor
+// comes from CuTe's own construction over the same tensor with a kRows-row box (so that its rank and
+// strides are those the kernel's copy expects), and each stage then expects kRows rows of A's bytes.
+template <class Config, int kRows>
+void shrink_a_box(typename Config::Mainloop::Params& params, const GemmProblem& p, const void* a) {
+  using namespace cute;
+  using Mainloop = typename Config::Mainloop;
+  static_assert(kRows % 8 == 0 && kRows < Config::kTileM, "a box of whole 8-row swizzle atoms, smaller than the tile");
+  using SmemLayout = decltype(tile_to_shape(typename Mainloop::SmemLayoutAtomA{},
+                                            make_shape(Int<kRows>{}, Int<Config::kTileK>{})));
+  typename Mainloop::StrideA stride{};
+  get<0>(stride) = p.lda;
+  Tensor tensor = make_tensor(static_cast<const typename Mainloop::InternalElementA*>(a),
+                              make_layout(make_shape(static_cast<int>(p.m), static_cast<int>(p.k), 1), stride));
+  auto donor = make_tma_copy_A_sm90(typename Mainloop::GmemTiledCopyA{}, tensor, SmemLayout{},
+                                    make_shape(Int<kRows>{}, Int<Config::kTileN>{}, Int<Config::kTileK>{}),
+                                    typename Config::ClusterShape{});
+  params.tma_load_a.tma_desc_ = donor.tma_desc_;
+  params.tma_transaction_bytes_mk = kRows * Config::kTileK * sizeof(typename Config::Element);
+  params.tma_transaction_bytes = params.tma_transaction_bytes_mk + params.tma_transaction_bytes_nk;
+}
+
 // a: [M, K] row-major with row stride p.lda; b: [K, N] as p.b_k_major and p.ldb say. Several groups
 // (grouped_gemm): `groups` such problems, a's and b's group g at g * group_a and g * group_b elements.
+// Below 64 rows (one group), A's box shrinks to the rows there are (shrink_a_box).
 template <class Config>
 typename Config::Mainloop::Params mainloop_params(const GemmProblem& p, const void* a, const void* b, int groups = 1,
                                                   int64_t group_a = 0, int64_t group_b = 0) {
@@ -34,7 +60,19 @@ typename Config::Mainloop::Params mainloop_params(const GemmProblem& p, const vo
                                     stride_b};
   const auto problem =
       cute::make_shape(static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), groups);
-  return Mainloop::to_underlying_arguments(problem, args, nullptr);
+  typename Mainloop::Params params = Mainloop::to_underlying_arguments(problem, args, nullptr);
+  if (groups == 1) {
+    if (p.m <= 8) {
+      shrink_a_box<Config, 8>(params, p, a);
+    } else if (p.m <= 16) {
+      shrink_a_box<Config, 16>(params, p, a);
+    } else if (p.m <= 32) {
+      shrink_a_box<Config, 32>(params, p, a);
+    } else if (p.m <= 64) {
+      shrink_a_box<Config, 64>(params, p, a);
+    }
+  }
+  return params;
 }
 
 // A grouped launch's problem in the engine's parameters: the mainloop over a [G, C, K] and b [G, K, N]
