@@ -377,6 +377,59 @@ TEST(GemmRsPlan, StagingIsPerSenderAndTile) {
   EXPECT_EQ(half.staging_bytes * 2, p.staging_bytes);
 }
 
+TEST(GemmRsPlan, RunsOfKHaveTheirOwnFlagsAndStaging) {
+  // gemm_ar one-shot on two ranks, 100 rows (one tile row), 4 tile columns, runs of 3: every rank
+  // receives 2 senders' partials of 4 tiles, and holds 2 later runs of each of its 4 tiles.
+  const GemmRsRows rows = make_gemm_rs_rows(gemm_ar_rows_per_rank(100, 2, kGemmRsClusterTileM), 1);
+  const GemmRsPlan p = make_gemm_rs_plan(rows, 512, 128, GemmRsKind::kAllReduce, GemmRsPath::kOneShot,
+                                         GemmRsPartials::kFp32, 16, 3);
+  EXPECT_EQ(p.partial_flags, 8);
+  EXPECT_EQ(p.flags, 8 + 4 * 2);
+  EXPECT_EQ(p.staging_bytes, 16 * p.tile_bytes);
+  std::set<int32_t> flags;
+  std::set<uint64_t> tiles;
+  for (int32_t n = 0; n < 4; ++n) {
+    for (int32_t r = 1; r < 3; ++r) {
+      const int32_t f = p.run_flag(0, n, r);
+      EXPECT_GE(f, p.partial_flags);
+      EXPECT_LT(f, p.flags);
+      flags.insert(f);
+      const uint64_t at = p.run_staging_offset(0, n, r);
+      EXPECT_GE(at, p.partial_flags * p.tile_bytes);
+      EXPECT_LE(at + p.tile_bytes, p.staging_bytes);
+      tiles.insert(at);
+    }
+  }
+  EXPECT_EQ(flags.size(), 8u);
+  EXPECT_EQ(tiles.size(), 8u);
+  // Runs are the one-shot gemm_ar's only.
+  EXPECT_THROW(make_gemm_rs_plan(rows, 512, 128, GemmRsKind::kAllReduce, GemmRsPath::kThroughput,
+                                 GemmRsPartials::kFp32, 16, 2),
+               Error);
+  EXPECT_THROW(make_gemm_rs_plan(make_gemm_rs_rows({64, 64}, 0), 512, 128, GemmRsKind::kReduceScatter,
+                                 GemmRsPath::kOneShot, GemmRsPartials::kFp32, 16, 2),
+               Error);
+  EXPECT_THROW(make_gemm_rs_plan(rows, 512, 128, GemmRsKind::kAllReduce, GemmRsPath::kOneShot,
+                                 GemmRsPartials::kFp32, 16, 0),
+               Error);
+}
+
+TEST(GemmArKRuns, RunsFillTheCtasOnlyWhereTilesAreFew) {
+  EXPECT_EQ(gemm_ar_k_runs(64, 132), 2);  // 1 x 4096 @ 4096 x 8192 in 128 x 128 tiles
+  EXPECT_EQ(gemm_ar_k_runs(33, 132), 4);
+  EXPECT_EQ(gemm_ar_k_runs(1, 132), 4);  // at most 4
+  EXPECT_EQ(gemm_ar_k_runs(66, 132), 2);
+  EXPECT_EQ(gemm_ar_k_runs(67, 132), 1);  // the tiles fill half the CTAs already
+  EXPECT_EQ(gemm_ar_k_runs(0, 132), 1);
+  for (int64_t tiles = 1; tiles < 300; ++tiles) {
+    const int runs = gemm_ar_k_runs(tiles, 132);
+    EXPECT_GE(runs, 1);
+    EXPECT_LE(tiles * runs, std::max<int64_t>(tiles, 132));  // one wave
+  }
+  EXPECT_THROW(gemm_ar_k_runs(-1, 132), Error);
+  EXPECT_THROW(gemm_ar_k_runs(4, 0), Error);
+}
+
 TEST(GemmRsPlan, TooManyFlagsRaise) {
   // Two ranks: 512 tile rows each x 128 tile columns x 2 senders = 131072 flags, exactly a region.
   const std::vector<int64_t> layout = {512 * 128, 512 * 128};

@@ -59,6 +59,10 @@ CASES = [
     ((500, 500), 64, 12),
     ((129, 127), 72, 100),
     ((256, 1), 8, 3),
+    ((1, 0), 4096, 8192),          # gemm_ar decode: A's box of 8 rows, 2 runs of K
+    ((3, 2), (4096, 1000), 8192),  # uneven K: rank 1's runs reach past its K
+    ((16, 16), 2048, 4104),        # 33 tile columns: 4 runs of K
+    ((50, 50), 512, 1000),         # 100 rows: A's box stays whole
     ((1000, 24), 72, 264, {"reduce_ctas": 16}),
     ((3001, 2999), 1032, 2056, {"band_m": 1}),
 ]

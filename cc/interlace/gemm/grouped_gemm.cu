@@ -23,11 +23,11 @@ struct GroupedStore {
 
   template <class TileShape, class Accumulators, class TiledMma>
   __device__ __forceinline__ static void store(const Params& p, const Accumulators& accum, const TiledMma& tiled_mma,
-                                               int thread_idx, int m_idx, int n_idx, int /*m*/, int n) {
+                                               int thread_idx, int m_idx, int n_idx, int k_run, int /*m*/, int n) {
     int32_t group, row;
     GroupedOrder::locate(p.order, m_idx, group, row);
     const typename gemm_engine::StoreTile<Element>::Params out{p.out + group * p.group_stride, p.ldc};
-    gemm_engine::StoreTile<Element>::template store<TileShape>(out, accum, tiled_mma, thread_idx, row, n_idx,
+    gemm_engine::StoreTile<Element>::template store<TileShape>(out, accum, tiled_mma, thread_idx, row, n_idx, k_run,
                                                                GroupedOrder::rows_of(p.order, group), n);
   }
 };

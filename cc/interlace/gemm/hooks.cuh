@@ -3,8 +3,9 @@
 //   InputWait::wait(params, m_idx, n_idx)   producer, before loading a tile's A and B: e.g. wait for
 //     -> bool                               the A rows that another GPU is still sending; true loads
 //                                           A through GemmParams::mainloop_alt instead.
-//   Epilogue::store(params, accum, ...)     consumers, with a finished tile in registers: e.g. store
-//                                           it into another GPU's memory, add it into a staging
+//   Epilogue::store(params, accum, ...)     consumers, with a finished tile in registers (with
+//                                           GemmParams::k_runs, one run of K's partial: k_run): e.g.
+//                                           store it into another GPU's memory, add it into a staging
 //                                           buffer, raise a flag.
 //   Phases::begin(params) -> bool          every thread of every CTA, first: e.g. the op handshake;
 //                                           false stops the CTA (and its cluster)
@@ -59,7 +60,7 @@ struct StoreTile {
 
   template <class TileShape, class Accumulators, class TiledMma>
   __device__ __forceinline__ static void store(const Params& p, const Accumulators& accum, const TiledMma& tiled_mma, int thread_idx,
-                               int m_idx, int n_idx, int m, int n) {
+                               int m_idx, int n_idx, int /*k_run*/, int m, int n) {
     using namespace cute;
     const auto tile_mn = take<0, 2>(TileShape{});
     Tensor out = make_tensor(make_gmem_ptr(p.out), make_shape(m, n), make_stride(p.ldc, _1{}));

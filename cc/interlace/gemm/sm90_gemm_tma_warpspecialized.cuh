@@ -42,7 +42,12 @@ struct GemmParams {
   int32_t m, n, k;
   int32_t groups;                // independent problems of m rows (0 or 1: one), each its own A, B and C
   typename Order::Params order;  // over cluster tiles: (cluster tile row, tile column)
-  int32_t num_tiles;             // cluster tiles: positions 0 .. num_tiles - 1 of the order
+  int32_t num_tiles;             // positions of the walk: cluster tiles x k_runs
+  // K in k_runs equal runs of k-tiles (0 or 1: whole K; the k-tiles a multiple of it; an order
+  // without a Cursor): position i is run i % k_runs of the order's tile i / k_runs, so that the
+  // runs of a tile go to consecutive CTAs at once, and the epilogue gets partial sums to combine
+  // (split-K, where the tiles are too few for the SMs).
+  int32_t k_runs;
   typename InputWait::Params input_wait;
   typename Epilogue::Params epilogue;
   typename Phases::Params phases;
@@ -83,26 +88,30 @@ template <class Order, int kClusterM>
 struct TileWalk {
   const typename Order::Params& order;  // in the kernel's parameter space
   int32_t num_tiles;
+  int32_t k_runs;
   int32_t next;
   int32_t step;
   int32_t rank_in_cluster;
   WalkState<Order> state;
 
-  __device__ TileWalk(const typename Order::Params& order_, int32_t num_tiles_, int32_t gemm_ctas, int walker = 0,
-                      int walkers = 1, int32_t groups = 1)
-      : order(order_), num_tiles(num_tiles_),
+  __device__ TileWalk(const typename Order::Params& order_, int32_t num_tiles_, int32_t k_runs_, int32_t gemm_ctas,
+                      int walker = 0, int walkers = 1, int32_t groups = 1)
+      : order(order_), num_tiles(num_tiles_), k_runs(k_runs_ > 1 ? k_runs_ : 1),
         next(static_cast<int32_t>(blockIdx.x) / kClusterM + walker * (gemm_ctas / kClusterM)),
         step(walkers * (gemm_ctas / kClusterM)), rank_in_cluster(blockIdx.x % kClusterM) {
     if constexpr (HasCursor<Order>::value) num_tiles = min(num_tiles, Order::count(order, groups));
   }
 
-  __device__ bool get(int* m_idx, int* n_idx) {
+  // The next tile of this walk and which run of K it covers (0 without k_runs).
+  __device__ bool get(int* m_idx, int* n_idx, int* k_run) {
     if (next >= num_tiles) return false;
+    const int32_t position = next / k_runs;
+    *k_run = next - position * k_runs;
     int32_t cluster_m_idx, tile_n_idx;
     if constexpr (HasCursor<Order>::value) {
-      Order::tile(order, next, state.cursor, cluster_m_idx, tile_n_idx);
+      Order::tile(order, position, state.cursor, cluster_m_idx, tile_n_idx);
     } else {
-      Order::tile(order, next, cluster_m_idx, tile_n_idx);
+      Order::tile(order, position, cluster_m_idx, tile_n_idx);
     }
     next += step;
     *m_idx = cluster_m_idx * kClusterM + rank_in_cluster;
@@ -119,14 +128,14 @@ __device__ __forceinline__ void run_producer(const Params& params, typename Conf
   typename Config::Mainloop mainloop;
   auto state = cutlass::make_producer_start_state<typename Config::Pipeline>();
   auto k_shape = shape<3>(get<0>(load_inputs));
-  TileWalk<Order, Config::kClusterM> walk(params.order, params.num_tiles, gridDim.x - params.copy_ctas, 0, 1,
-                                          params.groups);
-  int m_idx, n_idx;
-  while (walk.get(&m_idx, &n_idx)) {
+  TileWalk<Order, Config::kClusterM> walk(params.order, params.num_tiles, params.k_runs, gridDim.x - params.copy_ctas,
+                                          0, 1, params.groups);
+  int m_idx, n_idx, k_run;
+  while (walk.get(&m_idx, &n_idx, &k_run)) {
     const bool alt = InputWait::wait(params.input_wait, m_idx, n_idx);
     int32_t group = 0, m_in_group = m_idx;
     if constexpr (HasGroups<Order>::value) Order::locate(params.order, m_idx, group, m_in_group);
-    auto k_iter = make_coord_iterator(idx2crd(0, k_shape), k_shape);
+    auto k_iter = make_coord_iterator(idx2crd(k_run * k_tiles, k_shape), k_shape);
     mainloop.load(alt ? params.mainloop_alt : params.mainloop, pipeline, state, load_inputs,
                   make_coord(m_in_group, n_idx, _, group), k_iter, k_tiles,
                   static_cast<int>(threadIdx.x % 32), cute::block_rank_in_cluster(), shared.mainloop.tensors);
@@ -149,11 +158,11 @@ __device__ __forceinline__ void run_consumer(const Params& params, typename Conf
   typename Config::PipelineState state;
   const int mma_thread_idx = threadIdx.x % Schedule::kStageConsumers;
   const int walker = Schedule::walker(group);
-  TileWalk<Order, Config::kClusterM> walk(params.order, params.num_tiles, gridDim.x - params.copy_ctas, walker,
-                                          Schedule::kWalkers, params.groups);
+  TileWalk<Order, Config::kClusterM> walk(params.order, params.num_tiles, params.k_runs, gridDim.x - params.copy_ctas,
+                                          walker, Schedule::kWalkers, params.groups);
   state.advance(walker * k_tiles);
-  int m_idx, n_idx;
-  while (walk.get(&m_idx, &n_idx)) {
+  int m_idx, n_idx, k_run;
+  while (walk.get(&m_idx, &n_idx, &k_run)) {
     auto accum = partition_fragment_C(tiled_mma, take<0, 2>(typename Config::TileShape{}));
     if constexpr (Schedule::kTakeTurns) math_order.wait();  // my turn at the mainloop
     mainloop.mma(pipeline, state, accum, k_tiles, mma_thread_idx, shared.mainloop.tensors, params.mainloop);
@@ -162,7 +171,7 @@ __device__ __forceinline__ void run_consumer(const Params& params, typename Conf
     state.advance(Schedule::kWalkers * k_tiles);
     if constexpr (Schedule::kTakeTurns) math_order.wait();  // my turn at the epilogue
     Epilogue::template store<typename Config::TileShape>(params.epilogue, accum, tiled_mma, mma_thread_idx, m_idx,
-                                                         n_idx, params.m, params.n);
+                                                         n_idx, k_run, params.m, params.n);
     if constexpr (Schedule::kTakeTurns) math_order.arrive();
   }
 }
@@ -244,7 +253,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   }
 
   const auto problem = make_shape(params.m, params.n, params.k, params.groups > 1 ? params.groups : 1);
-  const int k_tiles = (params.k + Config::kTileK - 1) / Config::kTileK;
+  // k-tiles per tile: one run's (the last run may reach past K, where TMA reads zeros).
+  const int k_runs = params.k_runs > 1 ? params.k_runs : 1;
+  const int k_tiles = ((params.k + Config::kTileK - 1) / Config::kTileK + k_runs - 1) / k_runs;
   if (role == WarpGroupRole::Producer) {
     cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
     if (is_loader) {

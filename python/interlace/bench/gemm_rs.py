@@ -33,7 +33,8 @@ from interlace.bench import common  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out_dir", "bench/results", "")
-flags.DEFINE_list("sizes", [], "global shapes MxKxN, or M (the sweep's K and N); default: headline + sweep")
+flags.DEFINE_list("sizes", [], "global shapes MxKxN, M (the sweep's K and N), or decode (gemm_ar's decode rows); "
+                  "default: headline + sweep (+ decode)")
 flags.DEFINE_integer("warmup", 10, "")
 flags.DEFINE_integer("iters", 50, "at most; big shapes get fewer (about 0.3 s of timed launches per method)")
 flags.DEFINE_list("tunings", [], "interlace settings to time besides the automatic ones, "
@@ -57,10 +58,11 @@ def op_name():
 def shapes_from_flags():
     """[(m, k, n, series)]."""
     k, n = SWEEP_KN
+    decode = [(m, k, n, "decode") for m in DECODE_M] if KIND == "ar" else []
     if not FLAGS.sizes:
-        decode = [(m, k, n, "decode") for m in DECODE_M] if KIND == "ar" else []
         return [(*s, "headline") for s in HEADLINE[KIND]] + [(m, k, n, f"K={k}, N={n}") for m in SWEEP_M] + decode
-    return common.shapes_from_sizes(FLAGS.sizes, [SWEEP_KN])
+    sizes = [s for s in FLAGS.sizes if s != "decode"]
+    return common.shapes_from_sizes(sizes, [SWEEP_KN]) + (decode if "decode" in FLAGS.sizes else [])
 
 
 def tunings_from_flags():

@@ -4,7 +4,8 @@
 //               rank's CTAs copy the other owners' landed tiles into out after their GEMM tiles
 //               (with a given reduce_ctas, reducer CTAs sum, push and copy instead);
 //   one-shot    (decode: small M, one wave of tiles, a small push) every rank's epilogue pushes every
-//               tile's partial to every rank, and every rank's reducers sum all of out: no second hop.
+//               tile's partial to every peer, then sums the tile itself: no second hop (with a given
+//               reduce_ctas, every rank's reducers sum all of out instead).
 // Both add the same fp32 values in the same order: the same bits on every rank and either path.
 #include "interlace/ops/gemm_ar/launch.h"
 
@@ -29,6 +30,7 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
   SymmetricHeap& heap = group.heap();
   Launch l;
   int tile_n = 0;
+  bool decode = false;
   const uint64_t signature = call.agree([&] {
     // Everything that can fail is checked here, before any GPU work, so that every rank raises.
     check_one_node(group, "gemm_ar");
@@ -44,27 +46,37 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
     // that the owners sum in the epilogue (gemm_rs_sums_in_epilogue).
     const std::vector<int64_t> rows = gemm_ar_rows_per_rank(m, topo.world_size, kGemmRsClusterTileM);
     const GemmRsRows tile_rows = make_gemm_rs_rows(rows, me, kGemmRsTileM);
-    const GemmRsRows cluster_rows = make_gemm_rs_rows(rows, me, kGemmRsClusterTileM);
     GemmRsShared& s = l.shared;
     // fp32 partials only, as gemm_rs.
     const GemmRsPath path = choose_gemm_rs_path(m, n, k, topo.world_size, GemmRsKind::kAllReduce,
                                                 GemmRsPartials::kFp32, group.num_sms(), tile_n);
-    s.plan = make_gemm_rs_plan(tile_rows, n, tile_n, GemmRsKind::kAllReduce, path, GemmRsPartials::kFp32, 2 * band_m);
-    const TileGrid grid = tile_grid(m, n, kGemmRsClusterTileM, tile_n);
+    const bool one_shot = path == GemmRsPath::kOneShot;
+    // Decode (the one-shot path at one tile row, automatic tiling): cooperative tiles without
+    // clusters, and runs of K, so that a few tiles still fill the SMs (gemm_ar_k_runs).
+    decode = one_shot && m <= kGemmRsTileM && tuning.pingpong && tuning.tile_n == 0 && tuning.reduce_ctas == 0;
+    const int cluster = decode ? 1 : kClusterM;
     with_variant<OpId::kGemmAr>(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
-                                [&](auto v) {
+                                decode, [&](auto v) {
                                   l.ctas = gemm_engine::resident_ctas_of<decltype(v)>(group.device(), group.num_sms());
                                 });
+    const TileGrid grid = tile_grid(m, n, kGemmRsTileM * cluster, tile_n);
+    l.k_runs = decode ? gemm_ar_k_runs(grid.num_tiles(), l.ctas) : 1;
+    s.plan = make_gemm_rs_plan(tile_rows, n, tile_n, GemmRsKind::kAllReduce, path, GemmRsPartials::kFp32, 2 * band_m,
+                               l.k_runs);
     // The throughput path: owners sum their tiles in the epilogue and store them into every peer's
     // landing tiles, which each CTA's consumers copy into out after its GEMM tiles; no reducers (32
-    // of them measured 1.92 ms at 8192^3 against 1.09). The one-shot path (every rank sums every
-    // tile), and a given reduce_ctas, keep the reducers.
-    s.sum_in_epilogue = s.plan.broadcast && tuning.reduce_ctas == 0 && gemm_rs_sums_in_epilogue(tile_rows);
+    // of them measured 1.92 ms at 8192^3 against 1.09). The one-shot path: every rank pushes every
+    // tile's partial to its peers and sums the tile itself in the epilogue. A given reduce_ctas keeps
+    // the reducers on either path.
+    s.sum_in_epilogue = tuning.reduce_ctas == 0 && (one_shot || gemm_rs_sums_in_epilogue(tile_rows));
     l.reduce_ctas = s.sum_in_epilogue ? 0 : gemm_rs_reduce_ctas(l.ctas, kClusterM, tuning.reduce_ctas);
-    l.num_tiles = k == 0 ? 0 : grid.num_tiles();
+    l.num_tiles = k == 0 ? 0 : grid.num_tiles() * l.k_runs;
     // Rounds, as gemm_rs: the owners' sums, and so the landing tiles, then come all along the GEMM.
+    // One-shot: every rank walks the same order (that of the last rank, whose owners' slots come in
+    // rank order), so that a tile's partials are computed at the same position everywhere.
     int round_m = 0;
-    l.order = tile_order(tuning, cluster_rows, grid.tiles_n, band_m, s.sum_in_epilogue, &round_m);
+    const GemmRsRows order_rows = make_gemm_rs_rows(rows, one_shot ? topo.world_size - 1 : me, kGemmRsTileM * cluster);
+    l.order = tile_order(tuning, order_rows, grid.tiles_n, band_m, s.sum_in_epilogue, &round_m);
 
     // Scratch, at the same heap offset on every rank (part of the signature): the partials' staging,
     // then, on the throughput path, a landing tile of the output type for every output tile.
@@ -96,7 +108,7 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
     return concat("gemm_ar(m=", m, ", n=", n, ", k_r>0=", k > 0, ", dtype=", a.dtype_name(), ", path=",
                   static_cast<int>(path), ", scratch=", scratch,
                   ", tile_n=", tile_n, ", band_m=", band_m, ", pingpong=", tuning.pingpong,
-                  ", reduce_ctas=", l.reduce_ctas, ", round_m=", round_m, ")");
+                  ", reduce_ctas=", l.reduce_ctas, ", round_m=", round_m, ", k_runs=", l.k_runs, ")");
   });
   l.shared.signature = signature;
   call.launch([&](cudaStream_t s) {
@@ -105,7 +117,7 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
       IL_CUDA_CHECK(cudaMemset2DAsync(out.data, l.shared.ldo * 2, 0, l.problem.n * 2, l.problem.m, s));
     }
     with_variant<OpId::kGemmAr>(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
-                                [&](auto v) { launch<decltype(v)>(l, s); });
+                                decode, [&](auto v) { launch<decltype(v)>(l, s); });
   });
 }
 

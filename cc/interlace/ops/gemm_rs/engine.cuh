@@ -16,7 +16,8 @@
 
 namespace interlace::gemm_rs_launch {
 
-// 2-CTA clusters: the pair shares B through TMA multicast (as gemm and ag_gemm).
+// 2-CTA clusters: the pair shares B through TMA multicast (as gemm and ag_gemm). gemm_ar's decode
+// variant runs without (its one tile row would leave every partner CTA computing rows past M).
 constexpr int kClusterM = 2;
 
 struct Launch {
@@ -25,16 +26,17 @@ struct Launch {
   const void* b = nullptr;
   GemmRsShared shared;
   GemmRsOrder::Params order;
-  int32_t num_tiles = 0;
+  int32_t num_tiles = 0;  // positions: cluster tiles x k_runs
+  int32_t k_runs = 1;     // GemmParams::k_runs
   int32_t reduce_ctas = 0;
   int ctas = 0;                 // every cluster the GPU runs at once
   const void* dummy = nullptr;  // 16-byte aligned device memory of at least 128 bytes
 };
 
-// One compiled kernel: the op, element type, b's layout, tile width and consumer schedule.
-template <OpId kOp, class Element, bool kBKMajor, int kTileN, bool kPingpong>
+// One compiled kernel: the op, element type, b's layout, tile width, consumer schedule and cluster.
+template <OpId kOp, class Element, bool kBKMajor, int kTileN, bool kPingpong, int kCluster = kClusterM>
 struct Variant {
-  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, kPingpong>;
+  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kCluster, kPingpong>;
   using Epilogue = GemmRsEpilogue<Element, kOp>;
   using Phases = GemmRsPhases<Element, kOp, Config>;
   using Params = gemm_engine::GemmParams<Config, GemmRsOrder, gemm_engine::NoInputWait, Epilogue, Phases>;
@@ -45,12 +47,16 @@ struct Variant {
   static_assert(sizeof(Params) <= 32764, "gemm_rs's kernel parameters outgrew CUDA's limit");
 };
 
-// Calls f(Variant<kOp, ...>{}) for the variant these settings select.
+// Calls f(Variant<kOp, ...>{}) for the variant these settings select. decode: gemm_ar's cooperative
+// 128 x 128 tiles without clusters (a CTA has one tile there, which both warpgroups then share).
 template <OpId kOp, class F>
-inline void with_variant(bool bf16, bool b_k_major, int tile_n, bool pingpong, F&& f) {
+inline void with_variant(bool bf16, bool b_k_major, int tile_n, bool pingpong, bool decode, F&& f) {
   auto by_tile = [&](auto element, auto k_major) {
     using E = decltype(element);
     constexpr bool kK = decltype(k_major)::value;
+    if constexpr (kOp == OpId::kGemmAr) {
+      if (decode) return f(Variant<kOp, E, kK, 128, false, 1>{});
+    }
     if (pingpong) {
       f(Variant<kOp, E, kK, 128, true>{});
     } else if (tile_n == 256) {
@@ -84,6 +90,7 @@ inline void launch(const Launch& l, cudaStream_t stream) {
   params.k = static_cast<int32_t>(l.problem.k);
   params.order = l.order;
   params.num_tiles = l.num_tiles;
+  params.k_runs = l.k_runs;
   params.epilogue = l.shared;
   params.phases = l.shared;
   params.copy_ctas = l.reduce_ctas;

@@ -13,7 +13,9 @@
 //                    with sum_in_epilogue (blocks on the cluster-tile grid) a tile of this rank's own
 //                    rows is instead summed right there, from the peers' staged partials and its
 //                    registers, into out (gemm_ar: and into every peer's landing tile for it, whose
-//                    reduced flag it then raises), and there are no reducers;
+//                    reduced flag it then raises), and there are no reducers; on gemm_ar's one-shot
+//                    path (decode) every rank pushes every tile's partial to its peers and then sums
+//                    the tile itself, in the same order, so every rank gets the same bits;
 //   Phases::end      gemm_ar with sum_in_epilogue: after its GEMM tiles, each CTA's consumer
 //                    warpgroups copy its share of the other owners' landed tiles into out as their
 //                    flags rise;
@@ -27,8 +29,9 @@
 //                    sums all of out itself.
 // Without sum_in_epilogue the GEMM CTAs never wait on anything but the handshake, so they always
 // finish; with it they wait only in their own tiles (gemm_ar: and in end, for the owners' sums of
-// those tiles), for partials that peers compute in earlier slots without waiting (GemmRsOrder),
-// which needs every CTA of the grid resident at once (as ag_gemm's
+// those tiles), for partials that peers compute in earlier slots without waiting (GemmRsOrder), or
+// (one-shot) at the same position of the same order, pushed before their own wait; both need every
+// CTA of the grid resident at once (as ag_gemm's
 // waits do; the launch sizes the grid to one CTA per SM). Every wait is bounded: a failed one (abort,
 // timeout) has recorded why and returns, and the call raises afterwards.
 #pragma once
@@ -272,9 +275,10 @@ struct GemmRsEpilogue {
     }
   }
 
+  // accum is not const: with runs of K, run 0 adds the later runs' partials into it.
   template <class TileShape, class Accumulators, class TiledMma>
-  __device__ __forceinline__ static void store(const Params& p, const Accumulators& accum, const TiledMma& tiled_mma,
-                                               int thread_idx, int m_idx, int n_idx, int m, int /*n*/) {
+  __device__ __forceinline__ static void store(const Params& p, Accumulators& accum, const TiledMma& tiled_mma,
+                                               int thread_idx, int m_idx, int n_idx, int k_run, int m, int /*n*/) {
     using namespace cute;
     constexpr int kTileM = decltype(size<0>(TileShape{}))::value;
     constexpr int kTileN = decltype(size<1>(TileShape{}))::value;
@@ -290,19 +294,48 @@ struct GemmRsEpilogue {
     const int32_t me = t.local_rank;
     Tensor coords = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));  // within the tile
     Tensor tile_coords = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
-    if (p.sum_in_epilogue && plan.rows.first_owner(m_idx) == me) {  // the whole tile is this rank's
-      sum_own_tile<kTileN, kThreads>(p, accum, tile_coords, thread_idx, m_idx, n_idx);
-      return;
+    // Rows past M are zeros, never read back: with sum_in_epilogue they are not sent (at decode
+    // sizes, most of the tile).
+    const int rows_in_tile = m - m_idx * kTileM;
+    if (plan.k_runs > 1) {
+      if (k_run > 0) {  // a later run of K: to this rank's run tile, for run 0's CTA to add
+        store_run<kThreads>(p, accum, tile_coords, thread_idx, m_idx, n_idx, k_run, rows_in_tile);
+        return;
+      }
+      add_runs<kThreads>(p, accum, tile_coords, thread_idx, m_idx, n_idx, rows_in_tile);
     }
+    // With sum_in_epilogue this rank sums the tile here when it owns it, or, on gemm_ar's one-shot
+    // path, always (after pushing its partial to every peer, who sum it likewise).
+    const bool sums_here = p.sum_in_epilogue && (plan.every_rank_reduces || plan.rows.first_owner(m_idx) == me);
+    if (!sums_here || plan.every_rank_reduces) {
+      push_partial<kTileN, kThreads>(p, accum, tile_coords, thread_idx, m_idx, n_idx, rows_in_tile, sums_here);
+    }
+    // One-shot: every rank computes the tiles in the same order, pushing before it waits, so the
+    // partials it waits for are its peers' of the same position: no cycle, even past one wave.
+    if (sums_here) sum_own_tile<kTileN, kThreads>(p, accum, tile_coords, thread_idx, m_idx, n_idx, m);
+  }
+
+  // The tile's partial into the staging of its receivers (with sums_here, not this rank's own,
+  // which stays in registers), then their flags.
+  template <int kTileN, int kThreads, class Accumulators, class Coords>
+  __device__ __forceinline__ static void push_partial(const Params& p, const Accumulators& accum,
+                                                      const Coords& tile_coords, int thread_idx, int m_idx, int n_idx,
+                                                      int rows_in_tile, bool sums_here) {
+    using namespace cute;
+    const GemmRsPlan& plan = p.plan;
+    const device::NvlinkTransport& t = p.transport;
+    const int32_t me = t.local_rank;
     // The receivers of this tile: the owners of its rows, or every rank (gemm_ar's one-shot path).
     const int32_t first = plan.every_rank_reduces ? 0 : plan.rows.first_owner(m_idx);
     const int32_t last = plan.every_rank_reduces ? plan.rows.world - 1 : plan.rows.last_owner(m_idx);
     for (int32_t q = first; q <= last; ++q) {
       if (!plan.receives(q, m_idx)) continue;  // an empty block between the tile's owners
+      if (sums_here && q == me) continue;      // its own partial stays in registers
       float* staged = reinterpret_cast<float*>(t.heaps[q] + p.staging + plan.staging_offset(q, me, m_idx, n_idx));
-      if (p.sum_in_epilogue) {  // the owner sums it in its epilogue, in this order
+      if (p.sum_in_epilogue) {  // the receiver sums it in its epilogue, in this order
         CUTE_UNROLL
-        for (int i = 0; i < size(accum); i += 4) {
+        for (int i = 0; i < size(accum); i += 4) {  // values i .. i + 3: rows r and r + 8
+          if (get<0>(tile_coords(i)) >= rows_in_tile) continue;
           reinterpret_cast<float4*>(staged)[fragment_index<kThreads, 4>(i, thread_idx)] =
               make_float4(accum(i), accum(i + 1), accum(i + 2), accum(i + 3));
         }
@@ -320,20 +353,76 @@ struct GemmRsEpilogue {
     const uint64_t number = gemm_rs_detail::op_number(t);
     GemmRsFlags& f = gemm_rs_detail::flags<kOp>(t);
     for (int32_t q = first; q <= last; ++q) {
-      if (plan.receives(q, m_idx)) t.signal(q, &f.flag[plan.partial_slot(q, me, m_idx, n_idx)], number);
+      if (plan.receives(q, m_idx) && !(sums_here && q == me)) {
+        t.signal(q, &f.flag[plan.partial_slot(q, me, m_idx, n_idx)], number);
+      }
     }
   }
 
-  // out's rows of own tile (m_idx, n_idx) = the world's partials in rank order (sum_in_rank_order,
-  // the reducers' bits), the peers' from this rank's staging once their flags rise, its own from
-  // registers; gemm_ar: the sums also into every peer's landing tile, then its reduced flag there.
+  // Run k_run > 0 of K's partial of tile (m_idx, n_idx), in the consumers' order, into this rank's
+  // run tile for it; then its flag, for run 0's CTA (add_runs), which is another CTA: the walk gives
+  // a tile's runs consecutive positions, and there are more CTAs than runs.
+  template <int kThreads, class Accumulators, class Coords>
+  __device__ __forceinline__ static void store_run(const Params& p, const Accumulators& accum, const Coords& tile_coords,
+                                                   int thread_idx, int m_idx, int n_idx, int k_run, int rows_in_tile) {
+    using namespace cute;
+    const device::NvlinkTransport& t = p.transport;
+    float4* run = reinterpret_cast<float4*>(t.heaps[t.local_rank] + p.staging +
+                                            p.plan.run_staging_offset(m_idx, n_idx, k_run));
+    CUTE_UNROLL
+    for (int i = 0; i < size(accum); i += 4) {  // values i .. i + 3: rows r and r + 8
+      if (get<0>(tile_coords(i)) >= rows_in_tile) continue;
+      run[fragment_index<kThreads, 4>(i, thread_idx)] = make_float4(accum(i), accum(i + 1), accum(i + 2), accum(i + 3));
+    }
+    tile_barrier<kThreads>();
+    if (thread_idx == 0) {  // a flag for this GPU's own CTAs: a GPU-scope fence is enough
+      __threadfence();
+      device::store_release_gpu(&gemm_rs_detail::flags<kOp>(t).flag[p.plan.run_flag(m_idx, n_idx, k_run)],
+                                gemm_rs_detail::op_number(t));
+    }
+  }
+
+  // Run 0 of tile (m_idx, n_idx): the later runs' partials added into accum, in run order, once their
+  // flags rise (those CTAs never wait, so this wait ends). A failed wait (abort, timeout) has recorded
+  // why and returns; the call raises.
+  template <int kThreads, class Accumulators, class Coords>
+  __device__ __forceinline__ static void add_runs(const Params& p, Accumulators& accum, const Coords& tile_coords,
+                                                  int thread_idx, int m_idx, int n_idx, int rows_in_tile) {
+    using namespace cute;
+    const GemmRsPlan& plan = p.plan;
+    const device::NvlinkTransport& t = p.transport;
+    if (thread_idx > 0 && thread_idx < plan.k_runs) {
+      const uint64_t* flag = &gemm_rs_detail::flags<kOp>(t).flag[plan.run_flag(m_idx, n_idx, thread_idx)];
+      device::wait_until</*kFromPeer=*/false>(flag, gemm_rs_detail::op_number(t), p.wait, FlagId::kPartial,
+                                              t.local_rank);
+    }
+    tile_barrier<kThreads>();  // the waiters' acquires, then everyone's loads
+    for (int32_t r = 1; r < plan.k_runs; ++r) {
+      const float4* run = reinterpret_cast<const float4*>(t.heaps[t.local_rank] + p.staging +
+                                                          plan.run_staging_offset(m_idx, n_idx, r));
+      CUTE_UNROLL
+      for (int i = 0; i < size(accum); i += 4) {
+        if (get<0>(tile_coords(i)) >= rows_in_tile) continue;
+        const float4 v = __ldcg(run + fragment_index<kThreads, 4>(i, thread_idx));
+        accum(i) += v.x;
+        accum(i + 1) += v.y;
+        accum(i + 2) += v.z;
+        accum(i + 3) += v.w;
+      }
+    }
+  }
+
+  // out's rows of tile (m_idx, n_idx) (this rank's own, or any on gemm_ar's one-shot path) = the
+  // world's partials in rank order (sum_in_rank_order, the reducers' bits), the peers' from this
+  // rank's staging once their flags rise, its own from registers; gemm_ar's throughput path: the
+  // sums also into every peer's landing tile, then its reduced flag there.
   // Loads in batches of kBatch vectors, all of a sender's issued before any add. A failed wait
   // (abort, timeout) has recorded why and returns: the sum then reads whatever is there, nothing
   // waits any longer, and the call raises.
   template <int kTileN, int kThreads, class Accumulators, class Coords>
   __device__ __forceinline__ static void sum_own_tile(const Params& p, const Accumulators& accum,
                                                       const Coords& tile_coords,
-                                                      int thread_idx, int m_idx, int n_idx) {
+                                                      int thread_idx, int m_idx, int n_idx, int m) {
     using namespace cute;
     constexpr int kValues = decltype(size(Accumulators{}))::value;
     // float4s per batch: 32 values, whole 16-byte vectors of the bf16 landing tiles. Batches of 4
@@ -355,7 +444,9 @@ struct GemmRsEpilogue {
         reinterpret_cast<const float4*>(t.heaps[me] + p.staging + plan.staging_offset(me, 0, m_idx, n_idx));
     const uint64_t sender_stride = plan.tile_bytes / sizeof(float4);  // a tile's senders lie one after another
     const int64_t tile_row0 = static_cast<int64_t>(m_idx) * plan.rows.tile_m;
-    const int64_t rows_here = plan.rows.start[me + 1] - tile_row0;  // rows past this rank's block: not out's
+    // Rows past this rank's block are not out's (gemm_rs), nor rows past M (gemm_ar's one-shot path).
+    const int64_t rows_here = (plan.every_rank_reduces ? m : plan.rows.start[me + 1]) - tile_row0;
+    const bool broadcast = kOp == OpId::kGemmAr && plan.broadcast;  // gemm_ar's throughput path
     const int32_t col0 = n_idx * kTileN;
     const int32_t cols_here = p.n - col0;
     Element* out = static_cast<Element*>(p.out) + (tile_row0 - p.out_first_row) * p.ldo + col0;
@@ -369,8 +460,11 @@ struct GemmRsEpilogue {
         for (int j = 0; j < kBatch; ++j) {
           const int i = b + 4 * j;
           // __ldcg: L2 only; the peer wrote these over NVLink and the acquire made them visible.
-          v[j] = s == me ? make_float4(accum(i), accum(i + 1), accum(i + 2), accum(i + 3))
-                         : __ldcg(staged + s * sender_stride + fragment_index<kThreads, 4>(i, thread_idx));
+          // Rows past rows_here were not sent (store): zeros stand in.
+          v[j] = s == me                            ? make_float4(accum(i), accum(i + 1), accum(i + 2), accum(i + 3))
+                 : get<0>(tile_coords(i)) < rows_here ? __ldcg(staged + s * sender_stride +
+                                                              fragment_index<kThreads, 4>(i, thread_idx))
+                                                      : make_float4(0.f, 0.f, 0.f, 0.f);
         }
         CUTE_UNROLL
         for (int j = 0; j < kBatch; ++j) {
@@ -395,7 +489,7 @@ struct GemmRsEpilogue {
           dst[0] = pair[0];
         }
       }
-      if constexpr (kOp == OpId::kGemmAr) {  // every peer's landing tile, rank + 1 first to spread the owners' stores
+      if (broadcast) {  // every peer's landing tile, rank + 1 first to spread the owners' stores
         using Vector = cutlass::AlignedArray<Element, 8>;
         CUTE_UNROLL
         for (int j = 0; j < kBatch; j += 2) {
@@ -410,7 +504,7 @@ struct GemmRsEpilogue {
         }
       }
     }
-    if constexpr (kOp == OpId::kGemmAr) {
+    if (broadcast) {
       tile_barrier<kThreads>();  // every thread's stores issued; thread q raises peer q's flag after a fence
       if (thread_idx < world && thread_idx != me) {
         t.signal(thread_idx, &gemm_rs_detail::flags<kOp>(t).flag[plan.reduced_flag(m_idx, n_idx)],

@@ -101,9 +101,9 @@ void gemm_rs(Group& group, const TensorView& a, const TensorView& b, const Tenso
                                GemmRsPartials::kFp32, 2 * band_m);
     const TileGrid grid = tile_grid(m, n, kGemmRsClusterTileM, tile_n);
     with_variant<OpId::kGemmRs>(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
-                 [&](auto v) {
-                   l.ctas = gemm_engine::resident_ctas_of<decltype(v)>(group.device(), group.num_sms());
-                 });
+                                /*decode=*/false, [&](auto v) {
+                                  l.ctas = gemm_engine::resident_ctas_of<decltype(v)>(group.device(), group.num_sms());
+                                });
     const bool on_grid = gemm_rs_sums_in_epilogue(tile_rows);
     s.sum_in_epilogue = tuning.reduce_ctas == 0 && on_grid;
     l.reduce_ctas = s.sum_in_epilogue ? 0 : gemm_rs_reduce_ctas(l.ctas, kClusterM, tuning.reduce_ctas);
@@ -147,7 +147,7 @@ void gemm_rs(Group& group, const TensorView& a, const TensorView& b, const Tenso
       IL_CUDA_CHECK(cudaMemset2DAsync(out.data, l.shared.ldo * 2, 0, l.problem.n * 2, my_rows, s));
     }
     with_variant<OpId::kGemmRs>(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
-                 [&](auto v) { launch<decltype(v)>(l, s); });
+                                /*decode=*/false, [&](auto v) { launch<decltype(v)>(l, s); });
   });
 }
 

@@ -95,12 +95,14 @@ std::vector<int32_t> gemm_rs_round_tile_row_order(const GemmRsRows& rows, int32_
 }
 
 GemmRsPlan make_gemm_rs_plan(const GemmRsRows& rows, int64_t n, int tile_n, GemmRsKind kind, GemmRsPath path,
-                             GemmRsPartials partials, int reduce_band_m) {
+                             GemmRsPartials partials, int reduce_band_m, int k_runs) {
   const char* op = kind == GemmRsKind::kAllReduce ? "gemm_ar" : "gemm_rs";
   IL_CHECK(n >= 0 && tile_n > 0, op, ": bad output columns (n ", n, ", tile_n ", tile_n, ")");
   IL_CHECK(path == GemmRsPath::kThroughput || path == GemmRsPath::kOneShot, op,
            ": the plan needs a path (choose_gemm_rs_path decides kAuto)");
   IL_CHECK(reduce_band_m >= 1, op, ": reduce_band_m must be >= 1, got ", reduce_band_m);
+  IL_CHECK(k_runs >= 1 && (k_runs == 1 || (kind == GemmRsKind::kAllReduce && path == GemmRsPath::kOneShot)), op,
+           ": runs of K (", k_runs, ") are gemm_ar's one-shot path's only");
   GemmRsPlan p;
   p.rows = rows;
   p.tile_n = tile_n;
@@ -111,6 +113,7 @@ GemmRsPlan make_gemm_rs_plan(const GemmRsRows& rows, int64_t n, int tile_n, Gemm
   p.every_rank_reduces = kind == GemmRsKind::kAllReduce && path == GemmRsPath::kOneShot;
   p.broadcast = kind == GemmRsKind::kAllReduce && path == GemmRsPath::kThroughput;
   p.reduce_band_m = reduce_band_m;
+  p.k_runs = k_runs;
   if (p.broadcast) {
     // A reduced tile has one owner, so one sender and one flag (gemm_ar_rows_per_rank does this).
     for (int q = 1; q < rows.world; ++q) {
@@ -129,16 +132,24 @@ GemmRsPlan make_gemm_rs_plan(const GemmRsRows& rows, int64_t n, int tile_n, Gemm
     }
   }
   const int64_t partial_flags = int64_t{rows.world} * most_rows * tiles_n;
-  const int64_t flags = partial_flags + (p.broadcast ? int64_t{rows.tiles_m()} * tiles_n : 0);
+  const int64_t run_tiles = int64_t{rows.tiles_m()} * tiles_n * (k_runs - 1);
+  const int64_t flags = partial_flags + (p.broadcast ? int64_t{rows.tiles_m()} * tiles_n : 0) + run_tiles;
   IL_CHECK(flags <= kGemmRsMaxFlags, op, ": rank ", busiest, " sums ", most_rows, " x ", tiles_n, " tiles of ",
            rows.tile_m, " x ", tile_n, " from ", rows.world, " ranks", p.broadcast ? ", and receives every reduced tile" : "",
+           k_runs > 1 ? ", and adds runs of K" : "",
            ": ", flags, " flags, more than the ", kGemmRsMaxFlags, " that fit the op's ", kOpRegionBytes >> 10,
            " KiB flag region; use wider tiles (tile_n=256) or split the call along M or N");
   p.partial_flags = static_cast<int32_t>(partial_flags);
   p.flags = static_cast<int32_t>(flags);
   p.tile_bytes = static_cast<uint64_t>(rows.tile_m) * tile_n * p.partial_bytes;
-  p.staging_bytes = static_cast<uint64_t>(partial_flags) * p.tile_bytes;
+  p.staging_bytes = static_cast<uint64_t>(partial_flags + run_tiles) * p.tile_bytes;
   return p;
+}
+
+int gemm_ar_k_runs(int64_t tiles, int ctas) {
+  IL_CHECK(tiles >= 0 && ctas >= 1, "gemm_ar: bad tiles (", tiles, ") or CTAs (", ctas, ")");
+  if (tiles == 0 || 2 * tiles > ctas) return 1;
+  return static_cast<int>(std::min<int64_t>(4, ctas / tiles));
 }
 
 bool gemm_rs_sums_in_epilogue(const RowBlocks& rows) {

@@ -105,10 +105,14 @@ struct GemmRsPlan {
   bool every_rank_reduces = false;  // gemm_ar one-shot: every rank receives and sums every tile
   bool broadcast = false;           // gemm_ar throughput: owners push each reduced tile to every rank
   int32_t reduce_band_m = 1;        // the reducer's bands, in tile rows
+  // gemm_ar's one-shot path: K in this many runs per tile (GemmParams::k_runs), so that a few tiles
+  // still fill the SMs; the CTA of run 0 adds the later runs' partials, which land in this rank's
+  // own run tiles (run_flag, run_staging_offset), before anything goes to a peer.
+  int32_t k_runs = 1;
   int32_t partial_flags = 0;        // flags [0, partial_flags) of a receiver's region: one per (tile, sender)
-  int32_t flags = 0;                // then, with broadcast, one per output tile: reduced_flag()
+  int32_t flags = 0;                // then, with broadcast, one per output tile: reduced_flag(); then run_flag()s
   uint64_t tile_bytes = 0;          // one staging tile: tile_m x tile_n partials (row-major, or the consumers' order)
-  uint64_t staging_bytes = 0;       // partial_flags tiles; the same on every rank
+  uint64_t staging_bytes = 0;       // partial_flags tiles, then the run tiles; the same on every rank
 
   // The tile rows receiver q sums: first_reduced_row(q) .. + reduced_rows(q) - 1.
   IL_HOST_DEVICE int32_t first_reduced_row(int32_t q) const { return every_rank_reduces ? 0 : rows.first_tile_row(q); }
@@ -130,6 +134,18 @@ struct GemmRsPlan {
   // With broadcast: the flag, on every rank, of the reduced tile (m_idx, n_idx) from its owner.
   IL_HOST_DEVICE int32_t reduced_flag(int32_t m_idx, int32_t n_idx) const {
     return partial_flags + m_idx * tiles_n + n_idx;
+  }
+
+  // With k_runs: run r (1 .. k_runs - 1) of tile (m_idx, n_idx) on this rank, its flag and its
+  // staging tile, after the partials' (and the reduced tiles') ones.
+  IL_HOST_DEVICE int32_t run_slot(int32_t m_idx, int32_t n_idx, int32_t r) const {
+    return (m_idx * tiles_n + n_idx) * (k_runs - 1) + r - 1;
+  }
+  IL_HOST_DEVICE int32_t run_flag(int32_t m_idx, int32_t n_idx, int32_t r) const {
+    return partial_flags + (broadcast ? rows.tiles_m() * tiles_n : 0) + run_slot(m_idx, n_idx, r);
+  }
+  IL_HOST_DEVICE uint64_t run_staging_offset(int32_t m_idx, int32_t n_idx, int32_t r) const {
+    return (static_cast<uint64_t>(partial_flags) + run_slot(m_idx, n_idx, r)) * tile_bytes;
   }
 
   // The reducer's walk on this rank: position i of reduced_rows(rank) * tiles_n to a tile, in bands
@@ -157,9 +173,17 @@ GemmRsRows make_gemm_rs_rows(const std::vector<int64_t>& rows_per_rank, int rank
 std::vector<int64_t> gemm_ar_rows_per_rank(int64_t m, int world, int tile_m = kGemmRsTileM);
 
 // The plan of one call. rows.tile_m is the CTA tile's height; tile_n its width; n the output's
-// columns. Raises when the flags exceed kGemmRsMaxFlags (see DESIGN.md for the limit and remedies).
+// columns; k_runs (gemm_ar's one-shot path only) as gemm_ar_k_runs. Raises when the flags exceed
+// kGemmRsMaxFlags (see DESIGN.md for the limit and remedies).
 GemmRsPlan make_gemm_rs_plan(const GemmRsRows& rows, int64_t n, int tile_n, GemmRsKind kind, GemmRsPath path,
-                             GemmRsPartials partials, int reduce_band_m = 16);
+                             GemmRsPartials partials, int reduce_band_m = 16, int k_runs = 1);
+
+// gemm_ar's one-shot path: runs of K per tile such that the tiles' runs fill at most `ctas` CTAs
+// (up to 4; 1 where the tiles already fill half of them). From the tiles alone, not K (which may
+// differ across ranks), so that every rank's staging is the same: a rank whose k-tiles are not a
+// multiple of it runs past K, where TMA reads zeros. At decode sizes the tiles are few: 1 x 4096 @
+// 4096 x 8192 has 64 of 128 x 128, each a third of the GEMM's time on one SM.
+int gemm_ar_k_runs(int64_t tiles, int ctas);
 
 // The tile rows in the producing GEMM's order: slot by slot, ascending within a slot. Host
 // reference; GemmRsOrder walks the same order in closed form.

@@ -55,7 +55,8 @@ struct CombineEpilogue {
   // TMA's zeros past it) and columns past H are not stored.
   template <class TileShape, class Accumulators, class TiledMma>
   __device__ __forceinline__ static void store(const Params& p, const Accumulators& accum, const TiledMma& tiled_mma,
-                                               int thread_idx, int m_idx, int n_idx, int /*m*/, int n) {
+                                               int thread_idx, int m_idx, int n_idx, int /*k_run*/, int /*m*/,
+                                               int n) {
     using namespace cute;
     constexpr int kTileM = decltype(size<0>(TileShape{}))::value;
     constexpr int kTileN = decltype(size<1>(TileShape{}))::value;
