@@ -241,10 +241,13 @@ def gemm_ar(a, b, out, group, *, stream=None, band_m=0, tile_n=0, pingpong=True,
     """out[M, N] = sum over ranks r of a_r @ b_r on every rank, in one launch (GEMM + AllReduce):
     a is [M, K_r] and b [K_r, N] as for gemm_rs; out is the whole [M, N]. Each tile row is summed by
     one owner (whole, balanced 256-row tile rows per rank), in fp32 in rank order, rounded once, and
-    sent to every rank: the result is bitwise the same on every run and on every rank. Tuning as
-    gemm_rs, without round_m (reduce_ctas given: reducer CTAs instead of sums in the epilogue).
-    Needs heap scratch for the fp32 partials of the tiles this rank owns (world x M / world x N x 4
-    bytes, about) and a landing copy of out (M x N x 2 bytes). Stream-ordered, graph-capturable; raises
+    sent to every rank: the result is bitwise the same on every run and on every rank. At decode
+    sizes (M <= 256, one wave of tiles) every rank sums every tile itself from every rank's partial
+    instead (at M <= 128 with K split into runs, whose partial sums are added first), as
+    deterministic and the same on every rank. Tuning as gemm_rs, without round_m (reduce_ctas given:
+    reducer CTAs instead of sums in the epilogue). Needs heap scratch for the fp32 partials of the
+    tiles this rank sums (world x M / world x N x 4 bytes, about; world x M x N x 4 at decode sizes)
+    and a landing copy of out (M x N x 2 bytes). Stream-ordered, graph-capturable; raises
     interlace.Error before any GPU work on bad arguments."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: interlace.gemm_ar writes into out")

@@ -379,7 +379,7 @@ TEST(GemmRsPlan, StagingIsPerSenderAndTile) {
 
 TEST(GemmRsPlan, RunsOfKHaveTheirOwnFlagsAndStaging) {
   // gemm_ar one-shot on two ranks, 100 rows (one tile row), 4 tile columns, runs of 3: every rank
-  // receives 2 senders' partials of 4 tiles, and holds 2 later runs of each of its 4 tiles.
+  // receives 2 senders' partials of 4 tiles, and holds the 2 earlier runs of each of its 4 tiles.
   const GemmRsRows rows = make_gemm_rs_rows(gemm_ar_rows_per_rank(100, 2, kGemmRsClusterTileM), 1);
   const GemmRsPlan p = make_gemm_rs_plan(rows, 512, 128, GemmRsKind::kAllReduce, GemmRsPath::kOneShot,
                                          GemmRsPartials::kFp32, 16, 3);
@@ -389,7 +389,7 @@ TEST(GemmRsPlan, RunsOfKHaveTheirOwnFlagsAndStaging) {
   std::set<int32_t> flags;
   std::set<uint64_t> tiles;
   for (int32_t n = 0; n < 4; ++n) {
-    for (int32_t r = 1; r < 3; ++r) {
+    for (int32_t r = 0; r < 2; ++r) {
       const int32_t f = p.run_flag(0, n, r);
       EXPECT_GE(f, p.partial_flags);
       EXPECT_LT(f, p.flags);

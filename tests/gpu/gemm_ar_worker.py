@@ -20,7 +20,8 @@ from gemm_rs_worker import (CASES, PATHS, RANK, TIMEOUT_S, WORLD, expect_bits, e
 def scratch_bytes(m, n):
     """gemm_ar's heap scratch, as gemm_ar sizes it, the larger of its two paths and two tile widths:
     throughput, the fp32 partials of the busiest owner's whole tile rows from every rank and a landing
-    tile of 2-byte elements for every output tile; one-shot, every rank's fp32 partials of every tile."""
+    tile of 2-byte elements for every output tile; one-shot, every rank's fp32 partials of every tile
+    (the decode variant's run tiles, at most one per SM, fit in heap_bytes' extra)."""
     tiles_m = -(-m // 128)
     most = -(-tiles_m // WORLD)
     return max(max(WORLD * most * -(-n // w) * 128 * w * 4 + tiles_m * -(-n // w) * 128 * w * 2 + 256,

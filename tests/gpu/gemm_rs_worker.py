@@ -62,6 +62,7 @@ CASES = [
     ((1, 0), 4096, 8192),          # gemm_ar decode: A's box of 8 rows, 2 runs of K
     ((3, 2), (4096, 1000), 8192),  # uneven K: rank 1's runs reach past its K
     ((16, 16), 2048, 4104),        # 33 tile columns: 4 runs of K
+    ((16, 16), (64, 2048), 4104),  # rank 0's K is one k-tile: 3 of its 4 runs lie wholly past K
     ((50, 50), 512, 1000),         # 100 rows: A's box stays whole
     ((1000, 24), 72, 264, {"reduce_ctas": 16}),
     ((3001, 2999), 1032, 2056, {"band_m": 1}),

@@ -1,7 +1,7 @@
 """gemm_rs (fused GEMM + ReduceScatter) on real GPUs: each test starts two processes (one per GPU)
 running a scenario of gemm_rs_worker.py, and fails with every rank's output if any rank fails.
 
-  shapes      33 cases x 5 calls (automatic twice, cooperative 128 and 256 wide, one reducing
+  shapes      34 cases x 5 calls (automatic twice, cooperative 128 and 256 wide, one reducing
               cluster): uneven row blocks (one much smaller, not a multiple of 128 rows, 1 row, a rank
               with none), K_r from 8 to 8192 and split unevenly, N from 3 to 14336 (N not a multiple of
               8 into a padded out), bf16 and fp16, b as [K, N] and as weight.t(); outputs poisoned with

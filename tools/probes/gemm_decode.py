@@ -13,11 +13,11 @@ MS = (1, 16, 64, 128, 256)
 K, N = 4096, 8192
 CALLS = 20  # per graph replay
 TUNINGS = {
-    "pp_c2": {},
+    "auto": {},
+    "pp_c2": {"cluster_m": 2},
     "pp_c1": {"cluster_m": 1},
-    "coop128_c2": {"pingpong": False, "tile_n": 128},
+    "coop128_c2": {"pingpong": False, "tile_n": 128, "cluster_m": 2},
     "coop128_c1": {"pingpong": False, "tile_n": 128, "cluster_m": 1},
-    "coop256_c1": {"pingpong": False, "tile_n": 256, "cluster_m": 1},
 }
 
 
@@ -39,6 +39,12 @@ def main():
             methods[name] = common.graph_of(lambda kw=kw, out=out: interlace.gemm(a, b, out, **kw), CALLS)
         out = torch.empty(m, N, device="cuda", dtype=torch.bfloat16)
         methods["cublas"] = common.graph_of(lambda: torch.matmul(a, b, out=out), CALLS)
+        # b row-major [K, N]: a stage's loads are 256 contiguous bytes of each K row, not 128 bytes of
+        # each of 128 N rows (does B's access pattern set the speed?).
+        b_kn = b.contiguous()
+        out_kn = torch.empty(m, N, device="cuda", dtype=torch.bfloat16)
+        methods["auto_kn"] = common.graph_of(lambda: interlace.gemm(a, b_kn, out_kn), CALLS)
+        methods["cublas_kn"] = common.graph_of(lambda: torch.matmul(a, b_kn, out=out_kn), CALLS)
         ms = common.time_interleaved(methods, 3, 50)
         cells = "  ".join(f"{name} {t / CALLS * 1e3:6.1f}" for name, t in ms.items())
         print(f"m={m:4d}: {cells}", flush=True)

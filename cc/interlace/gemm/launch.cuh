@@ -16,7 +16,7 @@ namespace interlace::gemm_engine {
 // A's TMA box of kRows rows instead of the tile's, for a problem of fewer rows than a tile: a box
 // mostly past M costs the mainloop most of its time (1 x 4096 @ 4096 x 8192: 43 us against 25 for 128
 // rows, 1 x H200, tools/probes/gemm_decode.py). The tile's other A rows in shared memory keep whatever
-// they held; they only feed output rows past M, which no epilogue stores or sends. The descriptor
+// they held; they only feed output rows past M, which no epilogue stores and nothing reads. The descriptor
 // comes from CuTe's own construction over the same tensor with a kRows-row box (so that its rank and
 // strides are those the kernel's copy expects), and each stage then expects kRows rows of A's bytes.
 template <class Config, int kRows>

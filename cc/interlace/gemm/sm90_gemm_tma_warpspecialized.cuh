@@ -1,7 +1,8 @@
 // The persistent, warp-specialized Hopper GEMM every fused op drives: C[M, N] = A[M, K] @ B[K, N].
 //
 // One CTA per SM; clusters of kClusterM CTAs walk an order of cluster tiles (positions cluster_id,
-// + num_clusters, ...), CTA r of a cluster taking tile row kClusterM * m + r. The order is a policy
+// + num_clusters, ...; with GemmParams::k_runs, a position is one run of K of a tile), CTA r of a
+// cluster taking tile row kClusterM * m + r. The order is a policy
 // (Order: Params and a __device__ position -> tile map, e.g. BandedOrder in tile_plan.h), computed
 // as the walk goes, so that no per-shape data lives in device memory. Roles:
 //   Producer  (warpgroup 0, one warp): per tile, InputWait::wait, then TMA loads of A (from
@@ -43,10 +44,10 @@ struct GemmParams {
   int32_t groups;                // independent problems of m rows (0 or 1: one), each its own A, B and C
   typename Order::Params order;  // over cluster tiles: (cluster tile row, tile column)
   int32_t num_tiles;             // positions of the walk: cluster tiles x k_runs
-  // K in k_runs equal runs of k-tiles (0 or 1: whole K; the k-tiles a multiple of it; an order
-  // without a Cursor): position i is run i % k_runs of the order's tile i / k_runs, so that the
-  // runs of a tile go to consecutive CTAs at once, and the epilogue gets partial sums to combine
-  // (split-K, where the tiles are too few for the SMs).
+  // K in k_runs runs of ceil(k-tiles / k_runs) k-tiles (0 or 1: whole K; a run past K reads zeros;
+  // only with an order without a Cursor): position i is run i % k_runs of the order's tile
+  // i / k_runs, so that the runs of a tile go to consecutive CTAs at once, and the epilogue gets
+  // partial sums to combine (split-K, where the tiles are too few for the SMs).
   int32_t k_runs;
   typename InputWait::Params input_wait;
   typename Epilogue::Params epilogue;
@@ -78,11 +79,12 @@ struct WalkState<Order, true> {
 };
 
 // The tile scheduler every role asks. The cluster takes positions cluster_id, + num_clusters, ... of
-// the order (num_clusters: the clusters that compute, gemm_ctas / kClusterM); of those, a role that
+// the order (num_clusters: the clusters that compute, gemm_ctas / kClusterM; a position is a tile,
+// or with k_runs a run of K of tile position / k_runs); of those, a role that
 // shares them with others (ping-pong consumers) takes every walkers-th, starting with the walker-th.
 // A tile row past the problem (the second CTA of a cluster when the tile rows are odd) still runs
 // the mainloop, since its cluster partner's B multicast lands in its shared memory; TMA reads zeros
-// for it and the epilogue stores nothing. num_tiles bounds the positions; an order with a Cursor
+// (or, with A's box shrunk, nothing) for it and the epilogue stores nothing. num_tiles bounds the positions; an order with a Cursor
 // counts them itself (GroupedOrder: from the counts on the GPU).
 template <class Order, int kClusterM>
 struct TileWalk {

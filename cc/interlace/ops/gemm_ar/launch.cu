@@ -6,7 +6,9 @@
 //   one-shot    (decode: small M, one wave of tiles, a small push) every rank's epilogue pushes every
 //               tile's partial to every peer, then sums the tile itself: no second hop (with a given
 //               reduce_ctas, every rank's reducers sum all of out instead).
-// Both add the same fp32 values in the same order: the same bits on every rank and either path.
+// Every path sums the ranks' partials in rank order, so out has the same bits on every rank. The
+// decode variant's runs of K add partial sums of each rank's K first, so its bits differ from the
+// other paths' (each deterministic).
 #include "interlace/ops/gemm_ar/launch.h"
 
 #include <string>
@@ -108,7 +110,8 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
     return concat("gemm_ar(m=", m, ", n=", n, ", k_r>0=", k > 0, ", dtype=", a.dtype_name(), ", path=",
                   static_cast<int>(path), ", scratch=", scratch,
                   ", tile_n=", tile_n, ", band_m=", band_m, ", pingpong=", tuning.pingpong,
-                  ", reduce_ctas=", l.reduce_ctas, ", round_m=", round_m, ", k_runs=", l.k_runs, ")");
+                  ", reduce_ctas=", l.reduce_ctas, ", round_m=", round_m, ", decode=", decode, ", k_runs=", l.k_runs,
+                  ")");
   });
   l.shared.signature = signature;
   call.launch([&](cudaStream_t s) {

@@ -25,8 +25,8 @@
 //                    gemm_ar, throughput path: the owner also stores each reduced tile into every
 //                    peer's landing tile for it and raises its reduced flag there; then the reducers
 //                    copy every other owner's tiles from this rank's landing tiles into out as they
-//                    land. gemm_ar, one-shot path (decode): every rank receives every partial and
-//                    sums all of out itself.
+//                    land. gemm_ar, one-shot path with a given reduce_ctas: every rank receives
+//                    every partial and sums all of out itself.
 // Without sum_in_epilogue the GEMM CTAs never wait on anything but the handshake, so they always
 // finish; with it they wait only in their own tiles (gemm_ar: and in end, for the owners' sums of
 // those tiles), for partials that peers compute in earlier slots without waiting (GemmRsOrder), or
@@ -235,9 +235,9 @@ __device__ __forceinline__ void copy_landed_tile(const GemmRsShared& p, int32_t 
 }  // namespace gemm_rs_detail
 
 // Consumers, with a finished 128 x kTileN tile in registers. A tile of other owners' rows: its fp32
-// partial goes, whole, into the staging tile for (tile, this rank) of every owner of its rows (rows
-// outside an owner's block land there unused, so the stores need no predicates: TMA filled rows and
-// columns past the problem with zeros); then, once every consumer thread of the tile has stored (a
+// partial goes into the staging tile for (tile, this rank) of every owner of its rows (for the
+// reducers whole: rows outside an owner's block, and rows past M, whose values A's shrunk TMA box
+// leaves undefined, land there unused and unread; with sum_in_epilogue only rows below M); then, once every consumer thread of the tile has stored (a
 // named barrier: one warpgroup in ping-pong, both in cooperative), one thread raises each owner's
 // flag for (tile, this rank) with a system fence and a release store (NvlinkTransport::signal).
 // Without sum_in_epilogue this rank's own rows go the same way, into its own staging, for the
@@ -275,7 +275,7 @@ struct GemmRsEpilogue {
     }
   }
 
-  // accum is not const: with runs of K, run 0 adds the later runs' partials into it.
+  // accum is not const: with runs of K, the last run adds the earlier runs' partials into it.
   template <class TileShape, class Accumulators, class TiledMma>
   __device__ __forceinline__ static void store(const Params& p, Accumulators& accum, const TiledMma& tiled_mma,
                                                int thread_idx, int m_idx, int n_idx, int k_run, int m, int /*n*/) {
@@ -294,11 +294,11 @@ struct GemmRsEpilogue {
     const int32_t me = t.local_rank;
     Tensor coords = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));  // within the tile
     Tensor tile_coords = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
-    // Rows past M are zeros, never read back: with sum_in_epilogue they are not sent (at decode
-    // sizes, most of the tile).
+    // Rows past M are never read back (with A's box shrunk they hold anything): with sum_in_epilogue
+    // they are not sent (at decode sizes, most of the tile).
     const int rows_in_tile = m - m_idx * kTileM;
     if (plan.k_runs > 1) {
-      if (k_run > 0) {  // a later run of K: to this rank's run tile, for run 0's CTA to add
+      if (k_run < plan.k_runs - 1) {  // an earlier run of K: to this rank's run tile, for the last run's CTA
         store_run<kThreads>(p, accum, tile_coords, thread_idx, m_idx, n_idx, k_run, rows_in_tile);
         return;
       }
@@ -313,6 +313,19 @@ struct GemmRsEpilogue {
     // One-shot: every rank computes the tiles in the same order, pushing before it waits, so the
     // partials it waits for are its peers' of the same position: no cycle, even past one wave.
     if (sums_here) sum_own_tile<kTileN, kThreads>(p, accum, tile_coords, thread_idx, m_idx, n_idx, m);
+  }
+
+  // This thread's accumulators of the tile's rows below `rows` into dst, in the consumers' order
+  // (fragment_index): 16 bytes a store, values i .. i + 3 being rows r and r + 8 of two columns.
+  template <int kThreads, class Accumulators, class Coords>
+  __device__ __forceinline__ static void store_fragments(float4* dst, const Accumulators& accum,
+                                                         const Coords& tile_coords, int thread_idx, int rows) {
+    using namespace cute;
+    CUTE_UNROLL
+    for (int i = 0; i < size(accum); i += 4) {
+      if (get<0>(tile_coords(i)) >= rows) continue;
+      dst[fragment_index<kThreads, 4>(i, thread_idx)] = make_float4(accum(i), accum(i + 1), accum(i + 2), accum(i + 3));
+    }
   }
 
   // The tile's partial into the staging of its receivers (with sums_here, not this rank's own,
@@ -333,12 +346,7 @@ struct GemmRsEpilogue {
       if (sums_here && q == me) continue;      // its own partial stays in registers
       float* staged = reinterpret_cast<float*>(t.heaps[q] + p.staging + plan.staging_offset(q, me, m_idx, n_idx));
       if (p.sum_in_epilogue) {  // the receiver sums it in its epilogue, in this order
-        CUTE_UNROLL
-        for (int i = 0; i < size(accum); i += 4) {  // values i .. i + 3: rows r and r + 8
-          if (get<0>(tile_coords(i)) >= rows_in_tile) continue;
-          reinterpret_cast<float4*>(staged)[fragment_index<kThreads, 4>(i, thread_idx)] =
-              make_float4(accum(i), accum(i + 1), accum(i + 2), accum(i + 3));
-        }
+        store_fragments<kThreads>(reinterpret_cast<float4*>(staged), accum, tile_coords, thread_idx, rows_in_tile);
         continue;
       }
       CUTE_UNROLL
@@ -359,9 +367,9 @@ struct GemmRsEpilogue {
     }
   }
 
-  // Run k_run > 0 of K's partial of tile (m_idx, n_idx), in the consumers' order, into this rank's
-  // run tile for it; then its flag, for run 0's CTA (add_runs), which is another CTA: the walk gives
-  // a tile's runs consecutive positions, and there are more CTAs than runs.
+  // Run k_run (not the last) of K's partial of tile (m_idx, n_idx), in the consumers' order, into this
+  // rank's run tile for it; then its flag, for the last run's CTA (add_runs), which is another CTA:
+  // the walk gives a tile's runs consecutive positions, and there are more CTAs than runs.
   template <int kThreads, class Accumulators, class Coords>
   __device__ __forceinline__ static void store_run(const Params& p, const Accumulators& accum, const Coords& tile_coords,
                                                    int thread_idx, int m_idx, int n_idx, int k_run, int rows_in_tile) {
@@ -369,11 +377,7 @@ struct GemmRsEpilogue {
     const device::NvlinkTransport& t = p.transport;
     float4* run = reinterpret_cast<float4*>(t.heaps[t.local_rank] + p.staging +
                                             p.plan.run_staging_offset(m_idx, n_idx, k_run));
-    CUTE_UNROLL
-    for (int i = 0; i < size(accum); i += 4) {  // values i .. i + 3: rows r and r + 8
-      if (get<0>(tile_coords(i)) >= rows_in_tile) continue;
-      run[fragment_index<kThreads, 4>(i, thread_idx)] = make_float4(accum(i), accum(i + 1), accum(i + 2), accum(i + 3));
-    }
+    store_fragments<kThreads>(run, accum, tile_coords, thread_idx, rows_in_tile);
     tile_barrier<kThreads>();
     if (thread_idx == 0) {  // a flag for this GPU's own CTAs: a GPU-scope fence is enough
       __threadfence();
@@ -382,22 +386,24 @@ struct GemmRsEpilogue {
     }
   }
 
-  // Run 0 of tile (m_idx, n_idx): the later runs' partials added into accum, in run order, once their
-  // flags rise (those CTAs never wait, so this wait ends). A failed wait (abort, timeout) has recorded
-  // why and returns; the call raises.
+  // The last run of tile (m_idx, n_idx): accum = this run + run 0 + run 1 + ..., in fp32 in that
+  // order, once the earlier runs' flags rise (their CTAs never wait, and come earlier in the grid, so they
+  // are dispatched before the one waiting for them). A failed wait (abort, timeout) has recorded why
+  // and returns; the call raises.
   template <int kThreads, class Accumulators, class Coords>
   __device__ __forceinline__ static void add_runs(const Params& p, Accumulators& accum, const Coords& tile_coords,
                                                   int thread_idx, int m_idx, int n_idx, int rows_in_tile) {
     using namespace cute;
     const GemmRsPlan& plan = p.plan;
     const device::NvlinkTransport& t = p.transport;
-    if (thread_idx > 0 && thread_idx < plan.k_runs) {
+    const int32_t earlier = plan.k_runs - 1;
+    if (thread_idx < earlier) {
       const uint64_t* flag = &gemm_rs_detail::flags<kOp>(t).flag[plan.run_flag(m_idx, n_idx, thread_idx)];
       device::wait_until</*kFromPeer=*/false>(flag, gemm_rs_detail::op_number(t), p.wait, FlagId::kPartial,
                                               t.local_rank);
     }
     tile_barrier<kThreads>();  // the waiters' acquires, then everyone's loads
-    for (int32_t r = 1; r < plan.k_runs; ++r) {
+    for (int32_t r = 0; r < earlier; ++r) {
       const float4* run = reinterpret_cast<const float4*>(t.heaps[t.local_rank] + p.staging +
                                                           plan.run_staging_offset(m_idx, n_idx, r));
       CUTE_UNROLL

@@ -16,9 +16,9 @@ struct GemmRsTuning {
   int tile_n = 0;        // cooperative only: output tile width, 128 or 256 (0: choose_tile_n)
   bool pingpong = true;  // consumer warpgroups on alternate 128 x 128 tiles (as gemm); false: cooperative
   // CTAs (SMs) set aside from the GEMM to sum this rank's tiles, a multiple of 2. 0: none where every
-  // block starts on the 256-row cluster-tile grid (owners sum in the GEMM's epilogue), else 32
-  // (gemm_ar's one-shot path: always 32). Given, it forces that many reducers (to time one path
-  // against the other).
+  // block starts on the 256-row cluster-tile grid (owners sum in the GEMM's epilogue) and on gemm_ar's
+  // one-shot path (every rank sums in the epilogue), else 32. Given, it forces that many reducers (to
+  // time one path against the other).
   int reduce_ctas = 0;
   // Blocks on the 256-row grid: cluster-tile rows per owner per round of the tile order
   // (GemmRsOrder::make_rounds), spreading the pushes over the whole GEMM; 0: automatic (the thinnest

@@ -106,8 +106,8 @@ struct GemmRsPlan {
   bool broadcast = false;           // gemm_ar throughput: owners push each reduced tile to every rank
   int32_t reduce_band_m = 1;        // the reducer's bands, in tile rows
   // gemm_ar's one-shot path: K in this many runs per tile (GemmParams::k_runs), so that a few tiles
-  // still fill the SMs; the CTA of run 0 adds the later runs' partials, which land in this rank's
-  // own run tiles (run_flag, run_staging_offset), before anything goes to a peer.
+  // still fill the SMs; the earlier runs' partials land in this rank's own run tiles (run_flag,
+  // run_staging_offset), and the CTA of the last run adds them before anything goes to a peer.
   int32_t k_runs = 1;
   int32_t partial_flags = 0;        // flags [0, partial_flags) of a receiver's region: one per (tile, sender)
   int32_t flags = 0;                // then, with broadcast, one per output tile: reduced_flag(); then run_flag()s
@@ -136,10 +136,10 @@ struct GemmRsPlan {
     return partial_flags + m_idx * tiles_n + n_idx;
   }
 
-  // With k_runs: run r (1 .. k_runs - 1) of tile (m_idx, n_idx) on this rank, its flag and its
+  // With k_runs: run r (0 .. k_runs - 2) of tile (m_idx, n_idx) on this rank, its flag and its
   // staging tile, after the partials' (and the reduced tiles') ones.
   IL_HOST_DEVICE int32_t run_slot(int32_t m_idx, int32_t n_idx, int32_t r) const {
-    return (m_idx * tiles_n + n_idx) * (k_runs - 1) + r - 1;
+    return (m_idx * tiles_n + n_idx) * (k_runs - 1) + r;
   }
   IL_HOST_DEVICE int32_t run_flag(int32_t m_idx, int32_t n_idx, int32_t r) const {
     return partial_flags + (broadcast ? rows.tiles_m() * tiles_n : 0) + run_slot(m_idx, n_idx, r);
