@@ -34,6 +34,63 @@ void launch(const GemmProblem& p, const TensorView& a, const TensorView& b, cons
       gemm_engine::sm90_gemm_kernel<Config, BandedOrder, gemm_engine::NoInputWait, Epilogue>, params, ctas, stream);
 }
 
+// out[M, N] from the swapped problem's tile: accumulator (r, c) is out[c, r].
+template <class Element>
+struct StoreTransposedTile {
+  struct Params {
+    Element* out;
+    int64_t ldc;
+  };
+
+  // m, n: the swapped problem's (out's N and M).
+  template <class TileShape, class Accumulators, class TiledMma>
+  __device__ __forceinline__ static void store(const Params& p, const Accumulators& accum, const TiledMma& tiled_mma,
+                                               int thread_idx, int m_idx, int n_idx, int /*k_run*/, int m, int n) {
+    using namespace cute;
+    Tensor coords = make_identity_tensor(make_shape(m, n));
+    Tensor tile_coords =
+        tiled_mma.get_thread_slice(thread_idx).partition_C(local_tile(coords, take<0, 2>(TileShape{}),
+                                                                      make_coord(m_idx, n_idx)));
+    CUTE_UNROLL
+    for (int i = 0; i < size(accum); ++i) {
+      const int row = get<0>(tile_coords(i));
+      const int col = get<1>(tile_coords(i));
+      if (row < m && col < n) p.out[col * p.ldc + row] = Element(accum(i));
+    }
+  }
+};
+
+// Decode sizes (M <= 128) with a Linear weight (b K-major): out^T = b^T a^T on the engine, so that N
+// fills 64-row tiles, one per CTA on up to every SM, and M is the wgmmas' narrow side (kTileN: 64
+// for M <= 64, else 128). With M as the
+// tiles' rows, 64 CTAs computed 128 x 128 tiles and streamed B at 2.1 TB/s (ncu's clocks) where
+// cuBLAS's swapped kernel streamed 3.2 (bench/results/ncu_gemm_decode_1xH200.log).
+template <class Element, int kTileN>
+void launch_swapped(const GemmProblem& p, const TensorView& a, const TensorView& b, const TensorView& out,
+                    cudaStream_t stream, int num_sms) {
+  using Config = gemm_engine::Sm90GemmConfig<Element, /*kBKMajor=*/true, kTileN, /*kClusterM=*/1,
+                                             /*kPingpong=*/true, /*kTileM=*/64>;
+  using Epilogue = StoreTransposedTile<Element>;
+  using Params = gemm_engine::GemmParams<Config, BandedOrder, gemm_engine::NoInputWait, Epilogue>;
+  GemmProblem swapped = p;  // b^T [N, K] row-major is b's memory; a [M, K] is a K-major [K, M]
+  swapped.m = p.n;
+  swapped.n = p.m;
+  swapped.lda = p.ldb;
+  swapped.ldb = p.lda;
+  const TileGrid grid = tile_grid(swapped.m, swapped.n, Config::kTileM, Config::kTileN);
+  Params params{};
+  params.mainloop = gemm_engine::mainloop_params<Config>(swapped, b.data, a.data);
+  params.m = static_cast<int32_t>(swapped.m);
+  params.n = static_cast<int32_t>(swapped.n);
+  params.k = static_cast<int32_t>(swapped.k);
+  params.order = BandedOrder::make(grid, 1);
+  params.num_tiles = grid.num_tiles();
+  params.epilogue = {static_cast<Element*>(out.data), p.ldc};
+  const int ctas = std::min(grid.num_tiles(), num_sms);
+  gemm_engine::launch_kernel<Config>(
+      gemm_engine::sm90_gemm_kernel<Config, BandedOrder, gemm_engine::NoInputWait, Epilogue>, params, ctas, stream);
+}
+
 }  // namespace
 
 void gemm(const TensorView& a, const TensorView& b, const TensorView& out, cudaStream_t stream, GemmTuning tuning) {
@@ -54,6 +111,9 @@ void gemm(const TensorView& a, const TensorView& b, const TensorView& out, cudaS
   require_hopper(device, "gemm");
   int num_sms = 0;
   IL_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  // Decode sizes with a Linear weight, on the automatic tuning: the swapped problem (launch_swapped).
+  const bool swapped = p.m <= 128 && p.b_k_major && tuning.band_m == 0 && tuning.tile_n == 0 &&
+                       tuning.cluster_m == 0 && tuning.pingpong;
   // One tile row: a cluster partner would only compute rows past M (35 against 25 us at
   // 128 x 4096 @ 4096 x 8192, 1 x H200, tools/probes/gemm_decode.py).
   if (tuning.cluster_m == 0) tuning.cluster_m = p.m <= 128 ? 1 : 2;
@@ -68,6 +128,15 @@ void gemm(const TensorView& a, const TensorView& b, const TensorView& out, cudaS
   if (p.m == 0 || p.n == 0) return;
   if (p.k == 0) {  // an empty sum
     IL_CUDA_CHECK(cudaMemset2DAsync(out.data, p.ldc * 2, 0, p.n * 2, p.m, stream));
+    return;
+  }
+  if (swapped) {
+    auto run = [&](auto element) {
+      using E = decltype(element);
+      p.m <= 64 ? launch_swapped<E, 64>(p, a, b, out, stream, num_sms)
+                : launch_swapped<E, 128>(p, a, b, out, stream, num_sms);
+    };
+    p.dtype == GemmDtype::kBf16 ? run(cutlass::bfloat16_t{}) : run(cutlass::half_t{});
     return;
   }
   // Ping-pong tiles are 128 x 128 (one warpgroup's accumulators); cooperative ones 128 x tile_n.

@@ -13,34 +13,67 @@
 
 namespace interlace::gemm_engine {
 
-// A's TMA box of kRows rows instead of the tile's, for a problem of fewer rows than a tile: a box
-// mostly past M costs the mainloop most of its time (1 x 4096 @ 4096 x 8192: 43 us against 25 for 128
-// rows, 1 x H200, tools/probes/gemm_decode.py). The tile's other A rows in shared memory keep whatever
-// they held; they only feed output rows past M, which no epilogue stores and nothing reads. The descriptor
-// comes from CuTe's own construction over the same tensor with a kRows-row box (so that its rank and
-// strides are those the kernel's copy expects), and each stage then expects kRows rows of A's bytes.
-template <class Config, int kRows>
-void shrink_a_box(typename Config::Mainloop::Params& params, const GemmProblem& p, const void* a) {
+// A TMA box of kRows rows instead of the tile's, for A (kB false) or a K-major B without multicast
+// (kB true), for a problem of fewer rows (A) or columns (B) than a tile: a box mostly past the
+// problem costs the mainloop most of its time (1 x 4096 @ 4096 x 8192: 43 us against 25 for 128 rows
+// of A, 1 x H200, tools/probes/gemm_decode.py). The tile's other rows in shared memory keep whatever
+// they held; they only feed output rows (columns) past the problem, which no epilogue stores and
+// nothing reads. The descriptor comes from CuTe's own construction over the same tensor with a
+// kRows-row box (so that its rank and strides are those the kernel's copy expects), and each stage
+// then expects that many bytes.
+template <class Config, bool kB, int kRows>
+void shrink_box(typename Config::Mainloop::Params& params, const GemmProblem& p, const void* data) {
   using namespace cute;
   using Mainloop = typename Config::Mainloop;
-  static_assert(kRows % 8 == 0 && kRows < Config::kTileM, "a box of whole 8-row swizzle atoms, smaller than the tile");
-  using SmemLayout = decltype(tile_to_shape(typename Mainloop::SmemLayoutAtomA{},
-                                            make_shape(Int<kRows>{}, Int<Config::kTileK>{})));
-  typename Mainloop::StrideA stride{};
-  get<0>(stride) = p.lda;
-  Tensor tensor = make_tensor(static_cast<const typename Mainloop::InternalElementA*>(a),
-                              make_layout(make_shape(static_cast<int>(p.m), static_cast<int>(p.k), 1), stride));
-  auto donor = make_tma_copy_A_sm90(typename Mainloop::GmemTiledCopyA{}, tensor, SmemLayout{},
-                                    make_shape(Int<kRows>{}, Int<Config::kTileN>{}, Int<Config::kTileK>{}),
-                                    typename Config::ClusterShape{});
-  params.tma_load_a.tma_desc_ = donor.tma_desc_;
-  params.tma_transaction_bytes_mk = kRows * Config::kTileK * sizeof(typename Config::Element);
+  static_assert(kRows % 8 == 0 && kRows < (kB ? Config::kTileN : Config::kTileM),
+                "a box of whole 8-row swizzle atoms, smaller than the tile");
+  const uint32_t box_bytes = kRows * Config::kTileK * sizeof(typename Config::Element);
+  if constexpr (!kB) {
+    using SmemLayout = decltype(tile_to_shape(typename Mainloop::SmemLayoutAtomA{},
+                                              make_shape(Int<kRows>{}, Int<Config::kTileK>{})));
+    typename Mainloop::StrideA stride{};
+    get<0>(stride) = p.lda;
+    Tensor tensor = make_tensor(static_cast<const typename Mainloop::InternalElementA*>(data),
+                                make_layout(make_shape(static_cast<int>(p.m), static_cast<int>(p.k), 1), stride));
+    auto donor = make_tma_copy_A_sm90(typename Mainloop::GmemTiledCopyA{}, tensor, SmemLayout{},
+                                      make_shape(Int<kRows>{}, Int<Config::kTileN>{}, Int<Config::kTileK>{}),
+                                      typename Config::ClusterShape{});
+    params.tma_load_a.tma_desc_ = donor.tma_desc_;
+    params.tma_transaction_bytes_mk = box_bytes;
+  } else {
+    static_assert(Config::kBKMajor && Config::kClusterM == 1, "B's box shrinks where B is K-major, not multicast");
+    using SmemLayout = decltype(tile_to_shape(typename Mainloop::SmemLayoutAtomB{},
+                                              make_shape(Int<kRows>{}, Int<Config::kTileK>{})));
+    typename Mainloop::StrideB stride{};
+    get<0>(stride) = p.ldb;  // (N, K): N steps by ldb, K contiguous
+    Tensor tensor = make_tensor(static_cast<const typename Mainloop::InternalElementB*>(data),
+                                make_layout(make_shape(static_cast<int>(p.n), static_cast<int>(p.k), 1), stride));
+    auto donor = make_tma_copy_B_sm90(typename Mainloop::GmemTiledCopyB{}, tensor, SmemLayout{},
+                                      make_shape(Int<Config::kTileM>{}, Int<kRows>{}, Int<Config::kTileK>{}),
+                                      typename Config::ClusterShape{});
+    params.tma_load_b.tma_desc_ = donor.tma_desc_;
+    params.tma_transaction_bytes_nk = box_bytes;
+  }
   params.tma_transaction_bytes = params.tma_transaction_bytes_mk + params.tma_transaction_bytes_nk;
+}
+
+// shrink_box to the smallest of 8, 16, 32 and 64 rows (below the tile's) that holds `rows`, if any.
+template <class Config, bool kB, int kRows = 8>
+void shrink_box_to(typename Config::Mainloop::Params& params, const GemmProblem& p, const void* data,
+                   int64_t rows) {
+  if constexpr (kRows < (kB ? Config::kTileN : Config::kTileM)) {
+    if (rows <= kRows) {
+      shrink_box<Config, kB, kRows>(params, p, data);
+    } else if constexpr (kRows < 64) {
+      shrink_box_to<Config, kB, 2 * kRows>(params, p, data, rows);
+    }
+  }
 }
 
 // a: [M, K] row-major with row stride p.lda; b: [K, N] as p.b_k_major and p.ldb say. Several groups
 // (grouped_gemm): `groups` such problems, a's and b's group g at g * group_a and g * group_b elements.
-// Below 64 rows (one group), A's box shrinks to the rows there are (shrink_a_box).
+// For at most 64 rows (one group), A's box shrinks to the rows there are; so does a K-major B's,
+// without multicast, for at most 64 columns (shrink_box).
 template <class Config>
 typename Config::Mainloop::Params mainloop_params(const GemmProblem& p, const void* a, const void* b, int groups = 1,
                                                   int64_t group_a = 0, int64_t group_b = 0) {
@@ -62,15 +95,8 @@ typename Config::Mainloop::Params mainloop_params(const GemmProblem& p, const vo
       cute::make_shape(static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), groups);
   typename Mainloop::Params params = Mainloop::to_underlying_arguments(problem, args, nullptr);
   if (groups == 1) {
-    if (p.m <= 8) {
-      shrink_a_box<Config, 8>(params, p, a);
-    } else if (p.m <= 16) {
-      shrink_a_box<Config, 16>(params, p, a);
-    } else if (p.m <= 32) {
-      shrink_a_box<Config, 32>(params, p, a);
-    } else if (p.m <= 64) {
-      shrink_a_box<Config, 64>(params, p, a);
-    }
+    shrink_box_to<Config, false>(params, p, a, p.m);
+    if constexpr (Config::kBKMajor && Config::kClusterM == 1) shrink_box_to<Config, true>(params, p, b, p.n);
   }
   return params;
 }

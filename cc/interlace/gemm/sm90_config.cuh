@@ -44,13 +44,17 @@ struct PingpongSchedule {
 // kClusterM_: CTAs per cluster along M; with 2, the pair shares each B slice through TMA multicast.
 // kPingpong_: the two consumer warpgroups take alternate tiles (each a whole 128 x kTileN tile), so
 // one stores its tile while the other computes; otherwise they share each tile (cooperative).
-template <class Element_, bool kBKMajor_, int kTileN_ = 256, int kClusterM_ = 1, bool kPingpong_ = false>
+// kTileM_: 128, or 64 for ping-pong (one warpgroup's m64 wgmmas: the swapped decode GEMM, gemm.cu).
+template <class Element_, bool kBKMajor_, int kTileN_ = 256, int kClusterM_ = 1, bool kPingpong_ = false,
+          int kTileM_ = 128>
 struct Sm90GemmConfig {
   using Element = Element_;
   static constexpr bool kBKMajor = kBKMajor_;
+  static_assert(kTileM_ == 128 || (kTileM_ == 64 && kPingpong_), "64-row tiles are ping-pong's only");
 
-  // 128 x kTileN output tiles shared by two consumer warpgroups (64 rows each), 64-deep K slices.
-  using TileShape = cute::Shape<cute::_128, cute::Int<kTileN_>, cute::_64>;
+  // kTileM x kTileN output tiles (cooperative: shared by two consumer warpgroups, 64 rows each),
+  // 64-deep K slices.
+  using TileShape = cute::Shape<cute::Int<kTileM_>, cute::Int<kTileN_>, cute::_64>;
   using ClusterShape = cute::Shape<cute::Int<kClusterM_>, cute::_1, cute::_1>;
   static constexpr int kClusterM = kClusterM_;
   static constexpr bool kPingpong = kPingpong_;
