@@ -62,6 +62,22 @@ def test_every_tile_and_cluster_variant(m, n, k, tile_n, cluster_m, pingpong):
     assert ((out.float() - ref).norm() / ref.norm()).item() <= 1e-2
 
 
+@pytest.mark.parametrize("m", [1, 17, 100])
+def test_swapped_decode_gemm_on_strided_views(m):
+    # M <= 128 with a Linear weight takes the swapped problem, which trades a's and b's strides and
+    # stores out transposed: views with lda > K, a weight's row stride > K and ldc > N.
+    k, n = 520, 1032
+    a = torch.randn(m, k + 72, device="cuda", dtype=torch.bfloat16)[:, :k]
+    w = torch.randn(n, k + 8, device="cuda", dtype=torch.bfloat16)[:, :k]
+    out_big = torch.full((m, n + 24), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = out_big[:, :n]
+    interlace.gemm(a, w.t(), out)
+    torch.cuda.synchronize()
+    ref = reference(a, w.t())
+    assert ((out.float() - ref).norm() / ref.norm()).item() <= 1e-2
+    assert out_big[:, n:].isnan().all(), "wrote past N into the row padding"
+
+
 def test_strided_rows_and_repeat_runs_agree():
     a_big = torch.randn(1000, 1024, device="cuda", dtype=torch.bfloat16)
     a = a_big[:, :512]  # lda 1024 > K

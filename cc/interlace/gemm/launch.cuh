@@ -17,8 +17,8 @@ namespace interlace::gemm_engine {
 // (kB true), for a problem of fewer rows (A) or columns (B) than a tile: a box mostly past the
 // problem costs the mainloop most of its time (1 x 4096 @ 4096 x 8192: 43 us against 25 for 128 rows
 // of A, 1 x H200, tools/probes/gemm_decode.py). The tile's other rows in shared memory keep whatever
-// they held; they only feed output rows (columns) past the problem, which no epilogue stores and
-// nothing reads. The descriptor comes from CuTe's own construction over the same tensor with a
+// they held; they only feed output rows (columns) past the problem, which no epilogue stores into
+// out or combines into valid elements. The descriptor comes from CuTe's own construction over the same tensor with a
 // kRows-row box (so that its rank and strides are those the kernel's copy expects), and each stage
 // then expects that many bytes.
 template <class Config, bool kB, int kRows>

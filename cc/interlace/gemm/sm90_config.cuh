@@ -42,7 +42,7 @@ struct PingpongSchedule {
 // weight [N, K]); otherwise N-contiguous ([K, N] row-major). kTileN_: 256, or 128 where 256-wide
 // tiles would leave much of the last wave idle (choose_tile_n).
 // kClusterM_: CTAs per cluster along M; with 2, the pair shares each B slice through TMA multicast.
-// kPingpong_: the two consumer warpgroups take alternate tiles (each a whole 128 x kTileN tile), so
+// kPingpong_: the two consumer warpgroups take alternate tiles (each a whole kTileM x kTileN tile), so
 // one stores its tile while the other computes; otherwise they share each tile (cooperative).
 // kTileM_: 128, or 64 for ping-pong (one warpgroup's m64 wgmmas: the swapped decode GEMM, gemm.cu).
 template <class Element_, bool kBKMajor_, int kTileN_ = 256, int kClusterM_ = 1, bool kPingpong_ = false,

@@ -236,9 +236,10 @@ __device__ __forceinline__ void copy_landed_tile(const GemmRsShared& p, int32_t 
 
 // Consumers, with a finished 128 x kTileN tile in registers. A tile of other owners' rows: its fp32
 // partial goes into the staging tile for (tile, this rank) of every owner of its rows (for the
-// reducers whole: rows outside an owner's block, and rows past M, whose values A's shrunk TMA box
-// leaves undefined, land there unused and unread; with sum_in_epilogue only rows below M); then, once every consumer thread of the tile has stored (a
-// named barrier: one warpgroup in ping-pong, both in cooperative), one thread raises each owner's
+// reducers whole: rows outside an owner's block, and rows past M and columns past N, whose values a
+// shrunk TMA box leaves undefined, land there unused; with sum_in_epilogue only rows below M); then,
+// once every consumer thread of the tile has stored (a named barrier: one warpgroup in ping-pong,
+// both in cooperative), one thread raises each owner's
 // flag for (tile, this rank) with a system fence and a release store (NvlinkTransport::signal).
 // Without sum_in_epilogue this rank's own rows go the same way, into its own staging, for the
 // reducers. With it, a tile of this rank's own rows is summed right here: the peers' partials (which
@@ -294,8 +295,8 @@ struct GemmRsEpilogue {
     const int32_t me = t.local_rank;
     Tensor coords = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));  // within the tile
     Tensor tile_coords = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
-    // Rows past M are never read back (with A's box shrunk they hold anything): with sum_in_epilogue
-    // they are not sent (at decode sizes, most of the tile).
+    // Rows past M (and columns past N) are never read into out (with a shrunk TMA box they hold
+    // anything): with sum_in_epilogue the rows are not sent (at decode sizes, most of the tile).
     const int rows_in_tile = m - m_idx * kTileM;
     if (plan.k_runs > 1) {
       if (k_run < plan.k_runs - 1) {  // an earlier run of K: to this rank's run tile, for the last run's CTA
