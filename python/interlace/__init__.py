@@ -123,8 +123,9 @@ def gemm(a, b, out, *, stream=None, band_m=0, tile_n=0, cluster_m=0, pingpong=Tr
     accumulation, out in the input dtype. b is [K, N], row-major or column-major; a Linear weight
     w [N, K] goes in as w.t(). Rows must be 16-byte aligned (K and N multiples of 8). Tuning, 0 meaning
     automatic: band_m, cluster-tile rows per band of the tile order (L2 reuse); cluster_m, CTAs per
-    cluster sharing B (1 or 2; automatic: 1 for M <= 128, else 2; at M <= 128 with b a weight.t() and
-    every tuning left automatic, gemm computes out^T = b^T a^T instead, on 64-row tiles of N); pingpong (default), consumer warpgroups on alternate 128 x 128 tiles,
+    cluster sharing B (1 or 2; automatic: 1 for M <= 128, else 2; at M <= 64, or 128 at moderate N, with
+    b a weight.t() and every tuning left automatic, gemm computes out^T = b^T a^T instead, on 64-row
+    tiles of N); pingpong (default), consumer warpgroups on alternate 128 x 128 tiles,
     else cooperative tiles of width tile_n (128 or 256, by wave fill). Raises interlace.Error before
     any GPU work."""
     if _frameworks.is_jax(out):

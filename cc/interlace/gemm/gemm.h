@@ -16,7 +16,7 @@ struct GemmTuning {
   int cluster_m = 0;      // CTAs per cluster along M, 1 or 2 (2: the pair shares B through TMA multicast;
                           // automatic: 1 for one tile row, M <= 128)
   bool pingpong = true;   // consumer warpgroups on alternate 128 x 128 tiles; false: cooperative
-  // All four automatic (the defaults) at M <= 128 with b K-major: the swapped problem (gemm.cu).
+  // All four automatic (the defaults) at decode sizes with b K-major: the swapped problem (gemm.cu).
 };
 
 void gemm(const TensorView& a, const TensorView& b, const TensorView& out, cudaStream_t stream, GemmTuning tuning = {});

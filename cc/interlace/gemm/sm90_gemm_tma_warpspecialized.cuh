@@ -84,8 +84,8 @@ struct WalkState<Order, true> {
 // shares them with others (ping-pong consumers) takes every walkers-th, starting with the walker-th.
 // A tile row past the problem (the second CTA of a cluster when the tile rows are odd) still runs
 // the mainloop, since its cluster partner's B multicast lands in its shared memory; TMA reads zeros
-// (or, with A's box shrunk, nothing) for it and the epilogue stores nothing. num_tiles bounds the positions; an order with a Cursor
-// counts them itself (GroupedOrder: from the counts on the GPU).
+// (or, with A's box shrunk, nothing) for it and the epilogue stores nothing. num_tiles bounds the
+// positions; an order with a Cursor counts them itself (GroupedOrder: from the counts on the GPU).
 template <class Order, int kClusterM>
 struct TileWalk {
   const typename Order::Params& order;  // in the kernel's parameter space

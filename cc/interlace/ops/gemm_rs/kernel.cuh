@@ -372,8 +372,9 @@ struct GemmRsEpilogue {
   // rank's run tile for it; then its flag, for the last run's CTA (add_runs), which is another CTA:
   // the walk gives a tile's runs consecutive positions, and there are more CTAs than runs.
   template <int kThreads, class Accumulators, class Coords>
-  __device__ __forceinline__ static void store_run(const Params& p, const Accumulators& accum, const Coords& tile_coords,
-                                                   int thread_idx, int m_idx, int n_idx, int k_run, int rows_in_tile) {
+  __device__ __forceinline__ static void store_run(const Params& p, const Accumulators& accum,
+                                                   const Coords& tile_coords, int thread_idx, int m_idx, int n_idx,
+                                                   int k_run, int rows_in_tile) {
     using namespace cute;
     const device::NvlinkTransport& t = p.transport;
     float4* run = reinterpret_cast<float4*>(t.heaps[t.local_rank] + p.staging +
