@@ -12,26 +12,33 @@
 namespace interlace {
 namespace {
 
+// One launch of the engine with Config and Epilogue on problem p, whose operands' data are a and b.
+template <class Config, class Epilogue>
+void launch_engine(const GemmProblem& p, const void* a, const void* b, const typename Epilogue::Params& epilogue,
+                   int band_m, cudaStream_t stream, int num_sms) {
+  using Params = gemm_engine::GemmParams<Config, BandedOrder, gemm_engine::NoInputWait, Epilogue>;
+  // The order is over cluster tiles: kClusterM tile rows that run together.
+  const TileGrid grid = tile_grid(p.m, p.n, Config::kTileM * Config::kClusterM, Config::kTileN);
+  Params params{};
+  params.mainloop = gemm_engine::mainloop_params<Config>(p, a, b);
+  params.m = static_cast<int32_t>(p.m);
+  params.n = static_cast<int32_t>(p.n);
+  params.k = static_cast<int32_t>(p.k);
+  params.order = BandedOrder::make(grid, band_m);
+  params.num_tiles = grid.num_tiles();
+  params.epilogue = epilogue;
+  const int ctas = std::min(grid.num_tiles(), num_sms / Config::kClusterM) * Config::kClusterM;
+  gemm_engine::launch_kernel<Config>(
+      gemm_engine::sm90_gemm_kernel<Config, BandedOrder, gemm_engine::NoInputWait, Epilogue>, params, ctas, stream);
+}
+
 template <class Element, bool kBKMajor, int kTileN, int kClusterM, bool kPingpong>
 void launch(const GemmProblem& p, const TensorView& a, const TensorView& b, const TensorView& out,
             cudaStream_t stream, const GemmTuning& tuning, int num_sms) {
   using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, kPingpong>;
   using Epilogue = gemm_engine::StoreTile<Element>;
-  using Params = gemm_engine::GemmParams<Config, BandedOrder, gemm_engine::NoInputWait, Epilogue>;
-
-  // The order is over cluster tiles: kClusterM tile rows that run together.
-  const TileGrid grid = tile_grid(p.m, p.n, Config::kTileM * kClusterM, Config::kTileN);
-  Params params{};
-  params.mainloop = gemm_engine::mainloop_params<Config>(p, a.data, b.data);
-  params.m = static_cast<int32_t>(p.m);
-  params.n = static_cast<int32_t>(p.n);
-  params.k = static_cast<int32_t>(p.k);
-  params.order = BandedOrder::make(grid, tuning.band_m);
-  params.num_tiles = grid.num_tiles();
-  params.epilogue = {static_cast<Element*>(out.data), p.ldc};
-  const int ctas = std::min(grid.num_tiles(), num_sms / kClusterM) * kClusterM;
-  gemm_engine::launch_kernel<Config>(
-      gemm_engine::sm90_gemm_kernel<Config, BandedOrder, gemm_engine::NoInputWait, Epilogue>, params, ctas, stream);
+  launch_engine<Config, Epilogue>(p, a.data, b.data, {static_cast<Element*>(out.data), p.ldc}, tuning.band_m, stream,
+                                  num_sms);
 }
 
 // out[M, N] from the swapped problem's tile: accumulator (r, c) is out[c, r].
@@ -70,25 +77,13 @@ void launch_swapped(const GemmProblem& p, const TensorView& a, const TensorView&
                     cudaStream_t stream, int num_sms) {
   using Config = gemm_engine::Sm90GemmConfig<Element, /*kBKMajor=*/true, kTileN, /*kClusterM=*/1,
                                              /*kPingpong=*/true, /*kTileM=*/64>;
-  using Epilogue = StoreTransposedTile<Element>;
-  using Params = gemm_engine::GemmParams<Config, BandedOrder, gemm_engine::NoInputWait, Epilogue>;
   GemmProblem swapped = p;  // b^T [N, K] row-major is b's memory; a [M, K] is a K-major [K, M]
   swapped.m = p.n;
   swapped.n = p.m;
   swapped.lda = p.ldb;
   swapped.ldb = p.lda;
-  const TileGrid grid = tile_grid(swapped.m, swapped.n, Config::kTileM, Config::kTileN);
-  Params params{};
-  params.mainloop = gemm_engine::mainloop_params<Config>(swapped, b.data, a.data);
-  params.m = static_cast<int32_t>(swapped.m);
-  params.n = static_cast<int32_t>(swapped.n);
-  params.k = static_cast<int32_t>(swapped.k);
-  params.order = BandedOrder::make(grid, 1);
-  params.num_tiles = grid.num_tiles();
-  params.epilogue = {static_cast<Element*>(out.data), p.ldc};
-  const int ctas = std::min(grid.num_tiles(), num_sms);
-  gemm_engine::launch_kernel<Config>(
-      gemm_engine::sm90_gemm_kernel<Config, BandedOrder, gemm_engine::NoInputWait, Epilogue>, params, ctas, stream);
+  launch_engine<Config, StoreTransposedTile<Element>>(swapped, b.data, a.data, {static_cast<Element*>(out.data), p.ldc},
+                                                      /*band_m=*/1, stream, num_sms);
 }
 
 }  // namespace
