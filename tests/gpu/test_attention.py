@@ -9,7 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 import interlace  # noqa: E402
 
-# (batch, S_q, S_k, Hq, Hkv, D, causal). Tiles are 128 query rows (two warpgroups of 64) by 128 keys.
+# (batch, S_q, S_k, Hq, Hkv, D, causal). Tiles are 128 query rows (two warpgroups of 64) by 128 keys,
+# or 192 keys at D = 128 without the causal mask beyond 128 keys (the last shapes: around 192's multiples).
 SHAPES = [
     (1, 1, 1, 1, 1, 64, False), (1, 1, 1, 1, 1, 128, True), (1, 7, 7, 2, 1, 128, True), (2, 63, 200, 4, 4, 64, False),
     (1, 64, 64, 8, 2, 128, True), (1, 65, 65, 8, 1, 64, True), (1, 127, 129, 4, 1, 128, False),
@@ -18,6 +19,8 @@ SHAPES = [
     (1, 513, 1000, 8, 1, 128, False), (1, 1000, 1000, 8, 8, 128, True), (1, 1025, 1025, 4, 4, 64, True),
     (2, 1100, 1100, 8, 1, 128, True), (1, 2048, 2048, 8, 1, 128, False), (1, 2049, 2049, 4, 4, 128, True),
     (1, 3000, 2500, 2, 2, 64, False), (1, 4096, 4096, 4, 1, 128, True), (1, 100, 0, 4, 4, 128, False),
+    (1, 130, 192, 2, 2, 128, False), (1, 64, 193, 4, 1, 128, False), (2, 300, 384, 4, 4, 128, False),
+    (1, 700, 1761, 8, 2, 128, False), (1, 1, 8191, 2, 2, 128, False),
 ]
 
 

@@ -9,10 +9,10 @@
 namespace interlace {
 namespace {
 
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, int kTileK>
 void launch(const AttentionProblem& p, const TensorView& q, const TensorView& k, const TensorView& v,
             const TensorView& out, const TensorView* lse, cudaStream_t stream) {
-  using Config = attention_engine::Config<Element, kHeadDim>;
+  using Config = attention_engine::Config<Element, kHeadDim, kTileK>;
   // With no keys, K and V are never read; the descriptors still need an address.
   const auto* kp = static_cast<const Element*>(p.seq_k > 0 ? k.data : q.data);
   const auto* vp = static_cast<const Element*>(p.seq_k > 0 ? v.data : q.data);
@@ -56,7 +56,10 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, co
   if (p.batch == 0 || p.heads_q == 0 || p.seq_q == 0) return;
   auto by_dim = [&](auto element) {
     using E = decltype(element);
-    p.head_dim == 64 ? launch<E, 64>(p, q, k, v, out, lse, stream) : launch<E, 128>(p, q, k, v, out, lse, stream);
+    if (p.head_dim == 64) return launch<E, 64, 128>(p, q, k, v, out, lse, stream);
+    // Wider key tiles only where the keys fill them: without the mask, and beyond one tile.
+    if (!p.causal && p.seq_k > 128) return launch<E, 128, 192>(p, q, k, v, out, lse, stream);
+    launch<E, 128, 128>(p, q, k, v, out, lse, stream);
   };
   p.dtype == AttentionDtype::kBf16 ? by_dim(cutlass::bfloat16_t{}) : by_dim(cutlass::half_t{});
 }

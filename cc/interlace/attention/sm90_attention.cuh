@@ -36,13 +36,17 @@
 
 namespace interlace::attention_engine {
 
-template <class Element_, int kHeadDim_>
+// kTileK_: keys per tile. 128 suits the causal mask (the diagonal tile is square). Without the mask,
+// 192 at D = 128 gives each softmax and turn more matmul to hide under (0.91 -> 1.00x of cuDNN at S =
+// 8192, bench/results/NOTES.md); two stages of K and V still fit in shared memory, with 3 KB to spare.
+template <class Element_, int kHeadDim_, int kTileK_ = 128>
 struct Config {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = 2;  // warpgroups of 64 query rows
   static constexpr int kTileQ = 64 * kConsumers;
-  static constexpr int kTileK = 128;
+  static constexpr int kTileK = kTileK_;
+  static_assert(kTileK % 16 == 0 && kTileK <= 256, "a key tile is the QK wgmma's N and the PV wgmma's K");
   static constexpr int kStages = 2;
   static constexpr int kThreads = cutlass::NumThreadsPerWarpGroup * (1 + kConsumers);
   static constexpr int kProducerRegisters = 24;
@@ -76,6 +80,7 @@ struct Config {
     typename Pipeline::SharedStorage pipeline_v;
     cutlass::arch::ClusterTransactionBarrier::ValueType q_full[kConsumers];
   };
+  static_assert(sizeof(SharedStorage) <= 227 * 1024, "more shared memory than an SM gives a CTA");
 
   // Global tensors as TMA sees them: Q and K as (rows, D, heads, batch, slots) with D contiguous; V
   // as (D, rows, heads, batch, slots), the transposed view its MN-major tiles are cut from. Slots:
