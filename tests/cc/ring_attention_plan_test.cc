@@ -138,7 +138,7 @@ void check_coverage(int world, int64_t seq, bool causal, int tile_q, int tile_k,
 }
 
 TEST(RingAttentionPlan, EveryVisiblePairExactlyOnce) {
-  const int tiles[][2] = {{4, 3}, {3, 4}, {1, 1}, {128, 128}, {5, 5}};
+  const int tiles[][2] = {{4, 3}, {3, 4}, {1, 1}, {128, 128}, {128, 176}, {5, 5}};
   for (int world = 1; world <= 8; ++world) {
     for (int64_t seq : lengths(world)) {
       for (bool causal : {false, true}) {
@@ -209,24 +209,28 @@ TEST(RingAttentionPlan, PiecesCoverEveryRowAndFitThePad) {
   struct Case { int world; int64_t seq; int heads_kv; int batch; };
   for (const Case& c : {Case{2, 16384, 32, 1}, Case{2, 65536, 8, 4}, Case{8, 1 << 20, 64, 2}, Case{3, 1000, 4, 3},
                         Case{1, 5, 1, 1}, Case{4, 0, 2, 1}, Case{2, (int64_t{1} << 30), 128, 128}}) {
-    const RingAttentionPlan p = make_ring_attention_plan(c.world, 0, c.seq, true, c.heads_kv, c.heads_kv, 128, 128, c.batch);
-    EXPECT_EQ(p.flag_rows % p.tile_k, 0);
-    EXPECT_GE(p.flag_rows, kRingAttentionFlagRows);
-    EXPECT_LE(p.pieces(), kRingAttentionMaxPieces) << "W " << c.world << " S " << c.seq;
-    if (p.max_local_rows() == 0) continue;
-    std::vector<int> seen(p.pieces(), 0);
-    for (int b = 0; b < c.batch; ++b) {
-      for (int h = 0; h < c.heads_kv; ++h) {
-        for (int64_t start = 0; start < p.max_local_rows(); start += p.flag_rows) {
-          const int piece = p.piece_of(b, h, start);
-          ASSERT_GE(piece, 0);
-          ASSERT_LT(piece, p.pieces());
-          EXPECT_EQ(p.piece_of(b, h, std::min(start + p.flag_rows, p.max_local_rows()) - 1), piece);
-          ++seen[piece];
+    for (int tile_k : {128, 176}) {  // the engine's key tiles: causal, and D = 128 without the mask
+      SCOPED_TRACE(::testing::Message() << "W " << c.world << " S " << c.seq << " tile_k " << tile_k);
+      const RingAttentionPlan p =
+          make_ring_attention_plan(c.world, 0, c.seq, tile_k == 128, c.heads_kv, c.heads_kv, 128, tile_k, c.batch);
+      EXPECT_EQ(p.flag_rows % p.tile_k, 0);
+      EXPECT_GE(p.flag_rows, kRingAttentionFlagRows);
+      EXPECT_LE(p.pieces(), kRingAttentionMaxPieces);
+      if (p.max_local_rows() == 0) continue;
+      std::vector<int> seen(p.pieces(), 0);
+      for (int b = 0; b < c.batch; ++b) {
+        for (int h = 0; h < c.heads_kv; ++h) {
+          for (int64_t start = 0; start < p.max_local_rows(); start += p.flag_rows) {
+            const int piece = p.piece_of(b, h, start);
+            ASSERT_GE(piece, 0);
+            ASSERT_LT(piece, p.pieces());
+            EXPECT_EQ(p.piece_of(b, h, std::min(start + p.flag_rows, p.max_local_rows()) - 1), piece);
+            ++seen[piece];
+          }
         }
       }
+      EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; })) << "a piece of two rows' ranges";
     }
-    EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; })) << "a piece of two rows' ranges";
   }
 }
 

@@ -30,15 +30,34 @@
 #include <cuda_fp16.h>
 
 #include "cute/tensor.hpp"
+// After cute/tensor.hpp, which they build on: wgmma shapes CuTe's selector leaves out (N = 176).
+#include "cute/arch/mma_sm90_gmma_ext.hpp"
+#include "cute/atom/mma_traits_sm90_gmma_ext.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/arch/reg_reconfig.h"
 #include "cutlass/pipeline/pipeline.hpp"
 
 namespace interlace::attention_engine {
 
+// The wgmma of S[64, kN] = Q K^T, both operands K-major in shared memory. CuTe's selector offers
+// N = 176 only under a global macro; it is named here instead.
+template <class Element, int kN, int kHeadDim>
+struct QKAtom {
+  using type = decltype(cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::_64, cute::Int<kN>, cute::Int<kHeadDim>>>());
+};
+template <int kHeadDim>
+struct QKAtom<cutlass::bfloat16_t, 176, kHeadDim> {
+  using type = cute::SM90::GMMA::MMA_64x176x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>;
+};
+template <int kHeadDim>
+struct QKAtom<cutlass::half_t, 176, kHeadDim> {
+  using type = cute::SM90::GMMA::MMA_64x176x16_F32F16F16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>;
+};
+
 // kTileK_: keys per tile. 128 suits the causal mask (the diagonal tile is square). Without the mask,
 // 192 at D = 128 gives each softmax and turn more matmul to hide under (0.91 -> 1.00x of cuDNN at S =
 // 8192, bench/results/NOTES.md); two stages of K and V still fit in shared memory, with 3 KB to spare.
+// Ring attention, whose consumers have 224 registers rather than 240, takes 176 (192 spills there).
 template <class Element_, int kHeadDim_, int kTileK_ = 128>
 struct Config {
   using Element = Element_;
@@ -55,8 +74,7 @@ struct Config {
   using HeadDim = cute::Int<kHeadDim>;
   using TileK = cute::Int<kTileK>;
   // Per consumer: S[64, kTileK] = Q[64, D] K[kTileK, D]^T, both K-major in shared memory.
-  using TiledMmaQK = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::_64, TileK, HeadDim>>()));
+  using TiledMmaQK = decltype(cute::make_tiled_mma(typename QKAtom<Element, kTileK, kHeadDim>::type{}));
   // O[64, D] += P[64, kTileK] V[kTileK, D]: P from registers, V in shared memory with D contiguous
   // (the B operand, (N = D, K = keys), is MN-major).
   using TiledMmaPV = decltype(cute::make_tiled_mma(

@@ -25,6 +25,9 @@ struct RingGrid {
   int64_t ctas = 1;
 };
 
+// Keys per tile, as the attention engine picks them: 192 at D = 128 without the mask.
+int key_tile(const AttentionProblem& a, bool causal) { return !causal && a.head_dim == 128 ? 176 : 128; }
+
 RingGrid ring_grid(const RingAttentionPlan& plan, int sender_ctas) {
   RingGrid g;
   g.senders = plan.world > 1 ? std::min(sender_ctas > 0 ? sender_ctas : kSenders, plan.pieces()) : 0;
@@ -32,11 +35,11 @@ RingGrid ring_grid(const RingAttentionPlan& plan, int sender_ctas) {
   return g;
 }
 
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, int kTileK>
 void launch(OpCall& call, Group& group, const AttentionProblem& a, const RingAttentionPlan& plan, const RingGrid& grid,
             uint64_t signature, uint64_t recv, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
             const TensorView* lse) {
-  using Config = attention_engine::Config<Element, kHeadDim>;
+  using Config = attention_engine::Config<Element, kHeadDim, kTileK>;
   RingAttentionParams<Config> p{};
   attention_engine::Params<Config>& attn = p.attn;
   const int64_t slot_rows = plan.max_local_rows();
@@ -102,7 +105,7 @@ void ring_attention(Group& group, const TensorView& q, const TensorView& k, cons
     IL_CHECK(seq_len >= 0, "ring_attention: seq_len ", seq_len, " is negative (0 or None: world_size x S_local)");
     const int64_t seq = seq_len > 0 ? seq_len : a.seq_q * topo.world_size;
     plan = make_ring_attention_plan(topo.world_size, topo.rank, seq, causal, static_cast<int>(a.heads_q),
-                                    static_cast<int>(a.heads_kv), 128, 128, static_cast<int>(a.batch));
+                                    static_cast<int>(a.heads_kv), 128, key_tile(a, causal), static_cast<int>(a.batch));
     IL_CHECK(plan.local_rows(topo.rank) == a.seq_q, "ring_attention: rank ", topo.rank, "'s shard of a sequence of ",
              seq, " rows over ", topo.world_size, " ranks has ", plan.local_rows(topo.rank), " rows, but q has ",
              a.seq_q, seq_len > 0 ? "" : " (pass seq_len, the global length, where 2 x world_size does not divide it)");
@@ -123,8 +126,9 @@ void ring_attention(Group& group, const TensorView& q, const TensorView& k, cons
   // sequence on every rank.
   auto by_dim = [&](auto element) {
     using E = decltype(element);
-    a.head_dim == 64 ? launch<E, 64>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse)
-                     : launch<E, 128>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse);
+    if (a.head_dim == 64) return launch<E, 64, 128>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse);
+    if (plan.tile_k == 176) return launch<E, 128, 176>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse);
+    launch<E, 128, 128>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse);
   };
   a.dtype == AttentionDtype::kBf16 ? by_dim(cutlass::bfloat16_t{}) : by_dim(cutlass::half_t{});
 }
