@@ -94,6 +94,17 @@ TEST(GemmTilePlan, NarrowTilesOnlyWhereWideOnesFillTheLastWavePoorly) {
   EXPECT_EQ(choose_tile_n(4096, 4096, 132, 2), 256);
 }
 
+TEST(GemmTilePlan, DecodeSizesSwapWhereNFillsTheSms) {
+  EXPECT_EQ(decode_swap_tile_n(0, 8192, 132), 0);  // nothing to compute
+  EXPECT_EQ(decode_swap_tile_n(1, 8192, 132), 64);
+  EXPECT_EQ(decode_swap_tile_n(64, 28672, 132), 64);
+  EXPECT_EQ(decode_swap_tile_n(65, 8192, 132), 128);   // 64 tiles of 128 x 128: half the SMs
+  EXPECT_EQ(decode_swap_tile_n(128, 8448, 132), 128);  // 66 tiles: still half
+  EXPECT_EQ(decode_swap_tile_n(128, 8576, 132), 0);    // 67 tiles
+  EXPECT_EQ(decode_swap_tile_n(128, 14336, 132), 0);
+  EXPECT_EQ(decode_swap_tile_n(129, 1024, 132), 0);
+}
+
 // check_gemm_args on views of made-up device addresses: the checks never dereference them.
 TensorView view(uintptr_t address, std::vector<int64_t> shape, std::vector<int64_t> strides = {}) {
   TensorView v;

@@ -66,6 +66,8 @@ CASES = [
     ((50, 50), 512, 1000),         # 100 rows: A's box stays whole
     ((1000, 24), 72, 264, {"reduce_ctas": 16}),
     ((3001, 2999), 1032, 2056, {"band_m": 1}),
+    ((64, 0), 1024, 4096),         # b "nk" from here: gemm_ar's swapped decode GEMM, 64 tiles of 64 x 64
+    ((1, 1), (8, 4096), 136),      # 3 tiles of out^T, the last of 8 rows; K_r of one k-tile against 64
 ]
 
 

@@ -67,9 +67,9 @@ struct StoreTransposedTile {
   }
 };
 
-// Decode sizes (M <= 64, or 128 at moderate N) with a Linear weight (b K-major): out^T = b^T a^T on
-// the engine, so that N fills 64-row tiles, one per CTA on up to every SM, and M is the wgmmas'
-// narrow side (kTileN: 64 for M <= 64, else 128). With M as the tiles' rows, 64 CTAs computed
+// Decode sizes (decode_swap_tile_n) with a Linear weight (b K-major): out^T = b^T a^T on the engine,
+// so that N fills 64-row tiles, one per CTA on up to every SM, and M is the wgmmas' narrow side
+// (kTileN: 64 for M <= 64, else 128). With M as the tiles' rows, 64 CTAs computed
 // 128 x 128 tiles and streamed B at 2.1 TB/s (ncu's clocks) where cuBLAS's swapped kernel streamed
 // 3.2 (bench/results/ncu_gemm_decode_1xH200.log).
 template <class Element, int kTileN>
@@ -106,12 +106,11 @@ void gemm(const TensorView& a, const TensorView& b, const TensorView& out, cudaS
   require_hopper(device, "gemm");
   int num_sms = 0;
   IL_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-  // Decode sizes with a Linear weight, on the automatic tuning: the swapped problem (launch_swapped),
-  // at M <= 64, and up to 128 where 128 x 128 tiles would fill at most half the SMs (at N = 14336 and
-  // 28672 and M = 128 they were faster than the swap: 38.1 against 39.4 us and 145 against 162;
-  // at N = 4096 and 8192 slower: 70.9 against 47.2 and 27.2 against 22.9, 1 x H200).
-  const bool swapped = p.b_k_major && tuning.band_m == 0 && tuning.tile_n == 0 && tuning.cluster_m == 0 &&
-                       tuning.pingpong && (p.m <= 64 || (p.m <= 128 && 2 * ((p.n + 127) / 128) <= num_sms));
+  // Decode sizes with a Linear weight, on the automatic tuning: the swapped problem (launch_swapped).
+  const int swap_tile_n = p.b_k_major && tuning.band_m == 0 && tuning.tile_n == 0 && tuning.cluster_m == 0 &&
+                                  tuning.pingpong
+                              ? decode_swap_tile_n(p.m, p.n, num_sms)
+                              : 0;
   // One tile row: a cluster partner would only compute rows past M (35 against 25 us at
   // 128 x 4096 @ 4096 x 8192, 1 x H200, tools/probes/gemm_decode.py).
   if (tuning.cluster_m == 0) tuning.cluster_m = p.m <= 128 ? 1 : 2;
@@ -128,11 +127,11 @@ void gemm(const TensorView& a, const TensorView& b, const TensorView& out, cudaS
     IL_CUDA_CHECK(cudaMemset2DAsync(out.data, p.ldc * 2, 0, p.n * 2, p.m, stream));
     return;
   }
-  if (swapped) {
+  if (swap_tile_n != 0) {
     auto run = [&](auto element) {
       using E = decltype(element);
-      p.m <= 64 ? launch_swapped<E, 64>(p, a, b, out, stream, num_sms)
-                : launch_swapped<E, 128>(p, a, b, out, stream, num_sms);
+      swap_tile_n == 64 ? launch_swapped<E, 64>(p, a, b, out, stream, num_sms)
+                        : launch_swapped<E, 128>(p, a, b, out, stream, num_sms);
     };
     p.dtype == GemmDtype::kBf16 ? run(cutlass::bfloat16_t{}) : run(cutlass::half_t{});
     return;

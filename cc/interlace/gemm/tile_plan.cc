@@ -30,6 +30,12 @@ int choose_tile_n(int64_t m, int64_t n, int num_sms, int cluster_m) {
   return narrow < wide ? 128 : 256;
 }
 
+int decode_swap_tile_n(int64_t m, int64_t n, int num_sms) {
+  if (m < 1 || m > 128) return 0;
+  if (m <= 64) return 64;
+  return 2 * ((n + 127) / 128) <= num_sms ? 128 : 0;
+}
+
 BandedOrder::Params BandedOrder::make(const TileGrid& grid, int band_m) {
   IL_CHECK(band_m >= 1, "band_m must be >= 1");
   // A band taller than the grid is the whole grid; clamping keeps band_m * tiles_n within the tile count.

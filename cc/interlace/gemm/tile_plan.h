@@ -30,6 +30,13 @@ TileGrid tile_grid(int64_t m, int64_t n, int tile_m, int tile_n);
 // poorly. Tiles are 128 rows high.
 int choose_tile_n(int64_t m, int64_t n, int num_sms, int cluster_m = 1);
 
+// Decode sizes with a Linear weight (b K-major): whether the GEMM runs swapped, out^T = b^T a^T, so
+// that N fills 64-row tiles and M is the wgmmas' narrow side; and the swapped tiles' width. 0: not
+// swapped; 64 for M <= 64; 128 for M <= 128 where 128 x 128 tiles of out would fill at most half the
+// SMs (at N = 14336 and 28672 and M = 128 those were faster than the swap: 38.1 against 39.4 us and
+// 145 against 162; at N = 4096 and 8192 slower: 70.9 against 47.2 and 27.2 against 22.9, 1 x H200).
+int decode_swap_tile_n(int64_t m, int64_t n, int num_sms);
+
 // Tiles in bands of band_m tile rows; within a band, column by column, so that the tiles running at
 // one time share A rows and B columns in L2. The last band has the rows that are left.
 struct BandedOrder {

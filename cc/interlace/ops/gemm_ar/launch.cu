@@ -31,40 +31,56 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
   const Topology& topo = group.topology();
   SymmetricHeap& heap = group.heap();
   Launch l;
+  GemmProblem problem;  // out = a @ b, as the caller sees it; l.problem is what the engine computes
   int tile_n = 0;
   bool decode = false;
+  int swap_tile_n = 0;
   const uint64_t signature = call.agree([&] {
     // Everything that can fail is checked here, before any GPU work, so that every rank raises.
     check_one_node(group, "gemm_ar");
     require_hopper(group.device(), "gemm_ar");
     IL_CHECK(topo.world_size <= kGemmRsMaxRanks, "gemm_ar: at most ", kGemmRsMaxRanks, " ranks");
     // out is the whole [M, N], so the plain GEMM's checks apply as they are.
-    l.problem = check_gemm_args(a, b, out, group.device());
+    problem = check_gemm_args(a, b, out, group.device());
     const int me = topo.local_rank;
-    const int64_t m = l.problem.m, n = l.problem.n, k = l.problem.k;
+    const int64_t m = problem.m, n = problem.n, k = problem.k;
     tile_n = checked_tile_n("gemm_ar", tuning, m, n, group.num_sms());
     const int band_m = band_m_for(tuning, tile_n);
-    // Who reduces what is the plan's choice: whole, balanced cluster-tile rows, one owner per tile, so
-    // that the owners sum in the epilogue (gemm_rs_sums_in_epilogue).
-    const std::vector<int64_t> rows = gemm_ar_rows_per_rank(m, topo.world_size, kGemmRsClusterTileM);
-    const GemmRsRows tile_rows = make_gemm_rs_rows(rows, me, kGemmRsTileM);
     GemmRsShared& s = l.shared;
     // fp32 partials only, as gemm_rs.
     const GemmRsPath path = choose_gemm_rs_path(m, n, k, topo.world_size, GemmRsKind::kAllReduce,
                                                 GemmRsPartials::kFp32, group.num_sms(), tile_n);
     const bool one_shot = path == GemmRsPath::kOneShot;
     // Decode (the one-shot path at one tile row, automatic tiling): cooperative tiles without
-    // clusters, and runs of K, so that a few tiles still fill the SMs (gemm_ar_k_runs).
+    // clusters, and runs of K, so that a few tiles still fill the SMs (gemm_ar_k_runs). With a Linear
+    // weight, the swapped problem instead, as interlace.gemm's at these sizes (decode_swap_tile_n):
+    // the engine computes out^T = b^T a^T in 64-row ping-pong tiles of N, swap_tile_n wide.
     decode = one_shot && m <= kGemmRsTileM && tuning.pingpong && tuning.tile_n == 0 && tuning.reduce_ctas == 0;
+    swap_tile_n = decode && problem.b_k_major ? decode_swap_tile_n(m, n, group.num_sms()) : 0;
+    l.problem = problem;
+    if (swap_tile_n != 0) {  // b^T [N, K] row-major is b's memory; a [M, K] is a K-major [K, M]
+      l.problem.m = n;
+      l.problem.n = m;
+      l.problem.lda = problem.ldb;
+      l.problem.ldb = problem.lda;
+    }
+    const int64_t engine_m = l.problem.m, engine_n = l.problem.n;
+    const int tile_m = swap_tile_n != 0 ? 64 : kGemmRsTileM;
+    const int engine_tile_n = swap_tile_n != 0 ? swap_tile_n : tile_n;
     const int cluster = decode ? 1 : kClusterM;
-    with_variant<OpId::kGemmAr>(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
-                                decode, [&](auto v) {
+    // Who reduces what is the plan's choice: whole, balanced cluster-tile rows, one owner per tile, so
+    // that the owners sum in the epilogue (gemm_rs_sums_in_epilogue). Rows of the engine's problem
+    // (the swapped one's are out's columns; on the one-shot path every rank sums every tile anyway).
+    const std::vector<int64_t> rows = gemm_ar_rows_per_rank(engine_m, topo.world_size, tile_m * kClusterM);
+    const GemmRsRows tile_rows = make_gemm_rs_rows(rows, me, tile_m);
+    with_variant<OpId::kGemmAr>(problem.dtype == GemmDtype::kBf16, problem.b_k_major, tile_n, tuning.pingpong, decode,
+                                swap_tile_n, [&](auto v) {
                                   l.ctas = gemm_engine::resident_ctas_of<decltype(v)>(group.device(), group.num_sms());
                                 });
-    const TileGrid grid = tile_grid(m, n, kGemmRsTileM * cluster, tile_n);
+    const TileGrid grid = tile_grid(engine_m, engine_n, tile_m * cluster, engine_tile_n);
     l.k_runs = decode ? gemm_ar_k_runs(grid.num_tiles(), l.ctas) : 1;
-    s.plan = make_gemm_rs_plan(tile_rows, n, tile_n, GemmRsKind::kAllReduce, path, GemmRsPartials::kFp32, 2 * band_m,
-                               l.k_runs);
+    s.plan = make_gemm_rs_plan(tile_rows, engine_n, engine_tile_n, GemmRsKind::kAllReduce, path, GemmRsPartials::kFp32,
+                               2 * band_m, l.k_runs);
     // The throughput path: owners sum their tiles in the epilogue and store them into every peer's
     // landing tiles, which each CTA's consumers copy into out after its GEMM tiles; no reducers (32
     // of them measured 1.92 ms at 8192^3 against 1.09). The one-shot path: every rank pushes every
@@ -77,7 +93,7 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
     // One-shot: every rank walks the same order (that of the last rank, whose owners' slots come in
     // rank order), so that a tile's partials are computed at the same position everywhere.
     int round_m = 0;
-    const GemmRsRows order_rows = make_gemm_rs_rows(rows, one_shot ? topo.world_size - 1 : me, kGemmRsTileM * cluster);
+    const GemmRsRows order_rows = make_gemm_rs_rows(rows, one_shot ? topo.world_size - 1 : me, tile_m * cluster);
     l.order = tile_order(tuning, order_rows, grid.tiles_n, band_m, s.sum_in_epilogue, &round_m);
 
     // Scratch, at the same heap offset on every rank (part of the signature): the partials' staging,
@@ -98,29 +114,29 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
     s.staging = scratch;
     s.landing = scratch + staging_bytes;
     s.out = out.data;
-    s.ldo = l.problem.ldc;
+    s.ldo = problem.ldc;
     s.out_first_row = 0;
-    s.n = static_cast<int32_t>(n);
+    s.n = static_cast<int32_t>(engine_n);
     s.reduce_tiles = k == 0 || s.sum_in_epilogue ? 0 : s.plan.reduced_rows(me) * s.plan.tiles_n;
     s.landing_tiles = k == 0 ? 0 : landing_tiles;
-    l.a = a.data;
-    l.b = b.data;
+    l.a = swap_tile_n != 0 ? b.data : a.data;
+    l.b = swap_tile_n != 0 ? a.data : b.data;
     l.dummy = heap.local_base();  // the signal pad
     // K_r is this rank's own; only whether it is 0 must agree (a rank with none sends no partials).
     return concat("gemm_ar(m=", m, ", n=", n, ", k_r>0=", k > 0, ", dtype=", a.dtype_name(), ", path=",
                   static_cast<int>(path), ", scratch=", scratch,
                   ", tile_n=", tile_n, ", band_m=", band_m, ", pingpong=", tuning.pingpong,
-                  ", reduce_ctas=", l.reduce_ctas, ", round_m=", round_m, ", decode=", decode, ", k_runs=", l.k_runs,
+                  ", reduce_ctas=", l.reduce_ctas, ", round_m=", round_m, ", decode=", decode, ", swap_tile_n=", swap_tile_n, ", k_runs=", l.k_runs,
                   ")");
   });
   l.shared.signature = signature;
   call.launch([&](cudaStream_t s) {
     // K = 0 everywhere: an empty sum; the kernel still runs, for its place in the op sequence.
-    if (l.problem.k == 0 && l.problem.m > 0 && l.problem.n > 0) {
-      IL_CUDA_CHECK(cudaMemset2DAsync(out.data, l.shared.ldo * 2, 0, l.problem.n * 2, l.problem.m, s));
+    if (problem.k == 0 && problem.m > 0 && problem.n > 0) {
+      IL_CUDA_CHECK(cudaMemset2DAsync(out.data, problem.ldc * 2, 0, problem.n * 2, problem.m, s));
     }
-    with_variant<OpId::kGemmAr>(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
-                                decode, [&](auto v) { launch<decltype(v)>(l, s); });
+    with_variant<OpId::kGemmAr>(problem.dtype == GemmDtype::kBf16, problem.b_k_major, tile_n, tuning.pingpong, decode,
+                                swap_tile_n, [&](auto v) { launch<decltype(v)>(l, s); });
   });
 }
 

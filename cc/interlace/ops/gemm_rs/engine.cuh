@@ -33,12 +33,14 @@ struct Launch {
   const void* dummy = nullptr;  // 16-byte aligned device memory of at least 128 bytes
 };
 
-// One compiled kernel: the op, element type, b's layout, tile width, consumer schedule and cluster.
-template <OpId kOp, class Element, bool kBKMajor, int kTileN, bool kPingpong, int kCluster = kClusterM>
+// One compiled kernel: the op, element type, b's layout, tile width, consumer schedule, cluster, tile
+// height, and whether the engine computes out^T (the swapped decode GEMM: its operands are b^T and a^T).
+template <OpId kOp, class Element, bool kBKMajor, int kTileN, bool kPingpong, int kCluster = kClusterM,
+          int kTileM = 128, bool kTransposed = false>
 struct Variant {
-  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kCluster, kPingpong>;
-  using Epilogue = GemmRsEpilogue<Element, kOp>;
-  using Phases = GemmRsPhases<Element, kOp, Config>;
+  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kCluster, kPingpong, kTileM>;
+  using Epilogue = GemmRsEpilogue<Element, kOp, kTransposed>;
+  using Phases = GemmRsPhases<Element, kOp, Config, kTransposed>;
   using Params = gemm_engine::GemmParams<Config, GemmRsOrder, gemm_engine::NoInputWait, Epilogue, Phases>;
   static auto kernel() {
     return gemm_engine::sm90_gemm_kernel<Config, GemmRsOrder, gemm_engine::NoInputWait, Epilogue, Phases>;
@@ -48,12 +50,18 @@ struct Variant {
 };
 
 // Calls f(Variant<kOp, ...>{}) for the variant these settings select. decode: gemm_ar's cooperative
-// 128 x 128 tiles without clusters (a CTA has one tile there, which both warpgroups then share).
+// 128 x 128 tiles without clusters (a CTA has one tile there, which both warpgroups then share);
+// swap_tile_n (decode with b K-major, decode_swap_tile_n): the swapped problem's 64-row ping-pong
+// tiles, swap_tile_n wide.
 template <OpId kOp, class F>
-inline void with_variant(bool bf16, bool b_k_major, int tile_n, bool pingpong, bool decode, F&& f) {
+inline void with_variant(bool bf16, bool b_k_major, int tile_n, bool pingpong, bool decode, int swap_tile_n, F&& f) {
   auto by_tile = [&](auto element, auto k_major) {
     using E = decltype(element);
     constexpr bool kK = decltype(k_major)::value;
+    if constexpr (kOp == OpId::kGemmAr && kK) {
+      if (swap_tile_n == 64) return f(Variant<kOp, E, true, 64, true, 1, 64, true>{});
+      if (swap_tile_n == 128) return f(Variant<kOp, E, true, 128, true, 1, 64, true>{});
+    }
     if constexpr (kOp == OpId::kGemmAr) {
       if (decode) return f(Variant<kOp, E, kK, 128, false, 1>{});
     }

@@ -252,9 +252,23 @@ __device__ __forceinline__ void copy_landed_tile(const GemmRsShared& p, int32_t 
 // 512 contiguous bytes, 367 GB/s each way over NVLink with both GPUs pushing, against 275 for the
 // row-major fp32 column pairs and 155 for bf16 ones (tools/probes/peer_store_patterns.cu, 2 x
 // H200). The reducers' path keeps row-major tiles, which they read without knowing the MMA layout.
-template <class Element, OpId kOp>
+//
+// kTransposed (gemm_ar's swapped decode GEMM): the engine computes out^T = b^T a^T, so a tile's rows
+// are out's columns and its columns out's rows (GemmRsShared::n is then M); partials travel as
+// above, and only the sum's stores into out turn around.
+template <class Element, OpId kOp, bool kTransposed = false>
 struct GemmRsEpilogue {
   using Params = GemmRsShared;
+  static_assert(!kTransposed || kOp == OpId::kGemmAr, "only gemm_ar's one-shot path computes out^T");
+
+  // Whether value i of a thread's accumulators (and the three after it, with the same rows and
+  // columns below any bound: rows r and r + 8, columns c and c + 1, c even) holds out's values: a
+  // row below `rows` and a column below `cols` of the tile. Others are not sent (at decode sizes,
+  // most of the tile): a shrunk TMA box leaves them undefined, and out never reads them.
+  template <class Coords>
+  __device__ __forceinline__ static bool holds(const Coords& tile_coords, int i, int rows, int cols) {
+    return cute::get<0>(tile_coords(i)) < rows && cute::get<1>(tile_coords(i)) < cols;
+  }
 
   // Where value i (of kVector consecutive ones) of consumer thread `thread` of kThreads lies in a tile
   // in the consumers' order, in vectors of kVector values.
@@ -279,7 +293,7 @@ struct GemmRsEpilogue {
   // accum is not const: with runs of K, the last run adds the earlier runs' partials into it.
   template <class TileShape, class Accumulators, class TiledMma>
   __device__ __forceinline__ static void store(const Params& p, Accumulators& accum, const TiledMma& tiled_mma,
-                                               int thread_idx, int m_idx, int n_idx, int k_run, int m, int /*n*/) {
+                                               int thread_idx, int m_idx, int n_idx, int k_run, int m, int n) {
     using namespace cute;
     constexpr int kTileM = decltype(size<0>(TileShape{}))::value;
     constexpr int kTileN = decltype(size<1>(TileShape{}))::value;
@@ -295,36 +309,39 @@ struct GemmRsEpilogue {
     const int32_t me = t.local_rank;
     Tensor coords = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));  // within the tile
     Tensor tile_coords = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
-    // Rows past M (and columns past N) are never read into out (with a shrunk TMA box they hold
-    // anything): with sum_in_epilogue the rows are not sent (at decode sizes, most of the tile).
+    // Rows past M and columns past N are never read into out (with a shrunk TMA box they hold
+    // anything): with sum_in_epilogue they are not sent (holds).
     const int rows_in_tile = m - m_idx * kTileM;
+    const int cols_in_tile = n - n_idx * kTileN;
     if (plan.k_runs > 1) {
       if (k_run < plan.k_runs - 1) {  // an earlier run of K: to this rank's run tile, for the last run's CTA
-        store_run<kThreads>(p, accum, tile_coords, thread_idx, m_idx, n_idx, k_run, rows_in_tile);
+        store_run<kThreads>(p, accum, tile_coords, thread_idx, m_idx, n_idx, k_run, rows_in_tile, cols_in_tile);
         return;
       }
-      add_runs<kThreads>(p, accum, tile_coords, thread_idx, m_idx, n_idx, rows_in_tile);
+      add_runs<kThreads>(p, accum, tile_coords, thread_idx, m_idx, n_idx, rows_in_tile, cols_in_tile);
     }
     // With sum_in_epilogue this rank sums the tile here when it owns it, or, on gemm_ar's one-shot
     // path, always (after pushing its partial to every peer, who sum it likewise).
     const bool sums_here = p.sum_in_epilogue && (plan.every_rank_reduces || plan.rows.first_owner(m_idx) == me);
     if (!sums_here || plan.every_rank_reduces) {
-      push_partial<kTileN, kThreads>(p, accum, tile_coords, thread_idx, m_idx, n_idx, rows_in_tile, sums_here);
+      push_partial<kTileN, kThreads>(p, accum, tile_coords, thread_idx, m_idx, n_idx, rows_in_tile, cols_in_tile,
+                                     sums_here);
     }
     // One-shot: every rank computes the tiles in the same order, pushing before it waits, so the
     // partials it waits for are its peers' of the same position: no cycle, even past one wave.
     if (sums_here) sum_own_tile<kTileN, kThreads>(p, accum, tile_coords, thread_idx, m_idx, n_idx, m);
   }
 
-  // This thread's accumulators of the tile's rows below `rows` into dst, in the consumers' order
-  // (fragment_index): 16 bytes a store, values i .. i + 3 being rows r and r + 8 of two columns.
+  // This thread's accumulators that hold out's values (rows below `rows`, columns below `cols`) into
+  // dst, in the consumers' order (fragment_index): 16 bytes a store, values i .. i + 3 being rows r
+  // and r + 8 of two columns.
   template <int kThreads, class Accumulators, class Coords>
   __device__ __forceinline__ static void store_fragments(float4* dst, const Accumulators& accum,
-                                                         const Coords& tile_coords, int thread_idx, int rows) {
+                                                         const Coords& tile_coords, int thread_idx, int rows, int cols) {
     using namespace cute;
     CUTE_UNROLL
     for (int i = 0; i < size(accum); i += 4) {
-      if (get<0>(tile_coords(i)) >= rows) continue;
+      if (!holds(tile_coords, i, rows, cols)) continue;
       dst[fragment_index<kThreads, 4>(i, thread_idx)] = make_float4(accum(i), accum(i + 1), accum(i + 2), accum(i + 3));
     }
   }
@@ -334,7 +351,7 @@ struct GemmRsEpilogue {
   template <int kTileN, int kThreads, class Accumulators, class Coords>
   __device__ __forceinline__ static void push_partial(const Params& p, const Accumulators& accum,
                                                       const Coords& tile_coords, int thread_idx, int m_idx, int n_idx,
-                                                      int rows_in_tile, bool sums_here) {
+                                                      int rows_in_tile, int cols_in_tile, bool sums_here) {
     using namespace cute;
     const GemmRsPlan& plan = p.plan;
     const device::NvlinkTransport& t = p.transport;
@@ -347,7 +364,8 @@ struct GemmRsEpilogue {
       if (sums_here && q == me) continue;      // its own partial stays in registers
       float* staged = reinterpret_cast<float*>(t.heaps[q] + p.staging + plan.staging_offset(q, me, m_idx, n_idx));
       if (p.sum_in_epilogue) {  // the receiver sums it in its epilogue, in this order
-        store_fragments<kThreads>(reinterpret_cast<float4*>(staged), accum, tile_coords, thread_idx, rows_in_tile);
+        store_fragments<kThreads>(reinterpret_cast<float4*>(staged), accum, tile_coords, thread_idx, rows_in_tile,
+                                  cols_in_tile);
         continue;
       }
       CUTE_UNROLL
@@ -374,12 +392,12 @@ struct GemmRsEpilogue {
   template <int kThreads, class Accumulators, class Coords>
   __device__ __forceinline__ static void store_run(const Params& p, const Accumulators& accum,
                                                    const Coords& tile_coords, int thread_idx, int m_idx, int n_idx,
-                                                   int k_run, int rows_in_tile) {
+                                                   int k_run, int rows_in_tile, int cols_in_tile) {
     using namespace cute;
     const device::NvlinkTransport& t = p.transport;
     float4* run = reinterpret_cast<float4*>(t.heaps[t.local_rank] + p.staging +
                                             p.plan.run_staging_offset(m_idx, n_idx, k_run));
-    store_fragments<kThreads>(run, accum, tile_coords, thread_idx, rows_in_tile);
+    store_fragments<kThreads>(run, accum, tile_coords, thread_idx, rows_in_tile, cols_in_tile);
     tile_barrier<kThreads>();
     if (thread_idx == 0) {  // a flag for this GPU's own CTAs: a GPU-scope fence is enough
       __threadfence();
@@ -394,7 +412,8 @@ struct GemmRsEpilogue {
   // and returns; the call raises.
   template <int kThreads, class Accumulators, class Coords>
   __device__ __forceinline__ static void add_runs(const Params& p, Accumulators& accum, const Coords& tile_coords,
-                                                  int thread_idx, int m_idx, int n_idx, int rows_in_tile) {
+                                                  int thread_idx, int m_idx, int n_idx, int rows_in_tile,
+                                                  int cols_in_tile) {
     using namespace cute;
     const GemmRsPlan& plan = p.plan;
     const device::NvlinkTransport& t = p.transport;
@@ -410,7 +429,7 @@ struct GemmRsEpilogue {
                                                           plan.run_staging_offset(m_idx, n_idx, r));
       CUTE_UNROLL
       for (int i = 0; i < size(accum); i += 4) {
-        if (get<0>(tile_coords(i)) >= rows_in_tile) continue;
+        if (!holds(tile_coords, i, rows_in_tile, cols_in_tile)) continue;
         const float4 v = __ldcg(run + fragment_index<kThreads, 4>(i, thread_idx));
         accum(i) += v.x;
         accum(i + 1) += v.y;
@@ -454,10 +473,12 @@ struct GemmRsEpilogue {
     const int64_t tile_row0 = static_cast<int64_t>(m_idx) * plan.rows.tile_m;
     // Rows past this rank's block are not out's (gemm_rs), nor rows past M (gemm_ar's one-shot path).
     const int64_t rows_here = (plan.every_rank_reduces ? m : plan.rows.start[me + 1]) - tile_row0;
-    const bool broadcast = kOp == OpId::kGemmAr && plan.broadcast;  // gemm_ar's throughput path
+    const bool broadcast = kOp == OpId::kGemmAr && !kTransposed && plan.broadcast;  // gemm_ar's throughput path
     const int32_t col0 = n_idx * kTileN;
     const int32_t cols_here = p.n - col0;
-    Element* out = static_cast<Element*>(p.out) + (tile_row0 - p.out_first_row) * p.ldo + col0;
+    // out^T's tile (kTransposed): value (row, col) is out[col0 + col, tile_row0 + row].
+    Element* out = static_cast<Element*>(p.out) +
+                   (kTransposed ? col0 * p.ldo + tile_row0 : (tile_row0 - p.out_first_row) * p.ldo + col0);
     const uint64_t landing = p.landing + landing_offset(plan, m_idx, n_idx, sizeof(Element));
     CUTE_UNROLL
     for (int b = 0; b < kValues; b += 4 * kBatch) {
@@ -468,11 +489,11 @@ struct GemmRsEpilogue {
         for (int j = 0; j < kBatch; ++j) {
           const int i = b + 4 * j;
           // __ldcg: L2 only; the peer wrote these over NVLink and the acquire made them visible.
-          // Rows past rows_here were not sent (store): zeros stand in.
-          v[j] = s == me                            ? make_float4(accum(i), accum(i + 1), accum(i + 2), accum(i + 3))
-                 : get<0>(tile_coords(i)) < rows_here ? __ldcg(staged + s * sender_stride +
-                                                              fragment_index<kThreads, 4>(i, thread_idx))
-                                                      : make_float4(0.f, 0.f, 0.f, 0.f);
+          // Values out does not hold were not sent (store): zeros stand in.
+          v[j] = s == me ? make_float4(accum(i), accum(i + 1), accum(i + 2), accum(i + 3))
+                 : holds(tile_coords, i, rows_here, cols_here)
+                     ? __ldcg(staged + s * sender_stride + fragment_index<kThreads, 4>(i, thread_idx))
+                     : make_float4(0.f, 0.f, 0.f, 0.f);
         }
         CUTE_UNROLL
         for (int j = 0; j < kBatch; ++j) {
@@ -490,6 +511,11 @@ struct GemmRsEpilogue {
         cutlass::AlignedArray<Element, 2> pair;
         pair[0] = Element(j % 2 == 0 ? v.x : v.z);
         pair[1] = Element(j % 2 == 0 ? v.y : v.w);
+        if constexpr (kTransposed) {  // the pair's two columns are two rows of out
+          out[col * p.ldo + row] = pair[0];
+          if (col + 1 < cols_here) out[(col + 1) * p.ldo + row] = pair[1];
+          continue;
+        }
         Element* dst = out + row * p.ldo + col;
         if (col + 1 < cols_here) {  // col is even and out's rows 16-byte aligned: a 4-byte pair
           *reinterpret_cast<cutlass::AlignedArray<Element, 2>*>(dst) = pair;
@@ -524,10 +550,12 @@ struct GemmRsEpilogue {
 
 // Element: the output's (cutlass::bfloat16_t or cutlass::half_t), for the reducers' rounding. kOp:
 // kGemmRs, or kGemmAr (the reducers then also broadcast their tiles and gather the others'). Config:
-// the GEMM's (sm90_config.cuh), whose MMA layout end's copy of landing tiles follows.
-template <class Element, OpId kOp, class Config>
+// the GEMM's (sm90_config.cuh), whose MMA layout end's copy of landing tiles follows. kTransposed:
+// the epilogue's (the one-shot path's swapped GEMM, which has no landing tiles).
+template <class Element, OpId kOp, class Config, bool kTransposed = false>
 struct GemmRsPhases {
   static constexpr bool kAllReduce = kOp == OpId::kGemmAr;
+  static constexpr bool kCopiesLanded = kAllReduce && !kTransposed;  // landing tiles to copy into out, in end
 
   using Params = GemmRsShared;
 
@@ -535,7 +563,7 @@ struct GemmRsPhases {
 
   // gemm_ar's end copies landing tiles with 8 16-byte vectors in flight per thread: more than the
   // producer warpgroup's 40 registers hold.
-  static constexpr bool kEndRegisters = kAllReduce;
+  static constexpr bool kEndRegisters = kCopiesLanded;
   __device__ static void helpers(const Params&, int /*thread*/, int /*threads*/) {}
 
   // The reducers, every thread of copier CTA `cta` of `ctas`: tiles cta, cta + ctas, ... of this
@@ -593,7 +621,7 @@ struct GemmRsPhases {
   // its share of the other owners' tiles from this rank's landing tiles into out as their flags rise
   // (most have landed by then: the owners' sums come all along the GEMM, in rounds).
   __device__ static void end(const Params& p) {
-    if constexpr (kAllReduce) {
+    if constexpr (kCopiesLanded) {
       if (p.sum_in_epilogue && threadIdx.x >= gemm_engine::kProducerThreads) copy_landed_fragments(p);
     }
     device::op_end(p.transport);

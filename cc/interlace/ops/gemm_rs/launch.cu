@@ -101,7 +101,7 @@ void gemm_rs(Group& group, const TensorView& a, const TensorView& b, const Tenso
                                GemmRsPartials::kFp32, 2 * band_m);
     const TileGrid grid = tile_grid(m, n, kGemmRsClusterTileM, tile_n);
     with_variant<OpId::kGemmRs>(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
-                                /*decode=*/false, [&](auto v) {
+                                /*decode=*/false, /*swap_tile_n=*/0, [&](auto v) {
                                   l.ctas = gemm_engine::resident_ctas_of<decltype(v)>(group.device(), group.num_sms());
                                 });
     const bool on_grid = gemm_rs_sums_in_epilogue(tile_rows);
@@ -147,7 +147,7 @@ void gemm_rs(Group& group, const TensorView& a, const TensorView& b, const Tenso
       IL_CUDA_CHECK(cudaMemset2DAsync(out.data, l.shared.ldo * 2, 0, l.problem.n * 2, my_rows, s));
     }
     with_variant<OpId::kGemmRs>(l.problem.dtype == GemmDtype::kBf16, l.problem.b_k_major, tile_n, tuning.pingpong,
-                                /*decode=*/false, [&](auto v) { launch<decltype(v)>(l, s); });
+                                /*decode=*/false, /*swap_tile_n=*/0, [&](auto v) { launch<decltype(v)>(l, s); });
   });
 }
 
