@@ -18,53 +18,89 @@ namespace interlace::device {
 
 enum OpStart : int { kRun = 0, kSkip = 1, kStop = 2 };
 
+// op_begin's two steps. The gate, one thread per CTA: CTA 0 reads the abort words (the host's over
+// PCIe, about 1 us) and opens the gate for op `number` to the other CTAs, which wait for it. True:
+// the op must stop.
+template <class Transport>
+__device__ inline bool pass_gate(const Transport& t, const WaitContext& ctx, uint64_t number) {
+  OpSignals& ops = t.my_pad()->ops;
+  if (blockIdx.x == 0) {
+    const bool stop = device_aborted(t.my_pad()) || host_aborted(ctx.control);
+    if (stop) mark_aborted(t.my_pad());
+    store_release_gpu(&ops.gate, number << 1 | (stop ? 1 : 0));
+    return stop;
+  }
+  // CTA 0 starts first in practice (CTAs are dispatched in order), so this wait is short.
+  const uint64_t gate = wait_at_least_local(&ops.gate, number << 1, ctx);
+  return gate == 0 || (gate & 1) != 0;
+}
+
+// The hello with peer q (not this rank), one thread: publishes (op n, signature) there and checks
+// theirs. kRun, kSkip (q's call was cancelled) or kStop (a mismatch, recorded, or a failed wait).
+template <class Transport>
+__device__ inline OpStart greet(const Transport& t, const WaitContext& ctx, uint64_t n, uint64_t signature, int q) {
+  OpSignals& ops = t.my_pad()->ops;
+  const uint64_t word = n << kSignatureBits | signature;
+  t.signal(q, &ops.hello[n & 1][t.local_rank], word);
+  const uint64_t seen = t.wait(&ops.hello[n & 1][q], n << kSignatureBits, ctx, FlagId::kHello, q);
+  const uint64_t theirs = seen & kSignatureMask;
+  if (seen == 0) return kStop;
+  if (signature == kCancelSignature) return kRun;  // a cancelled call only needs every peer to reach this op
+  if (theirs == kCancelSignature) return kSkip;
+  if (theirs != signature) {
+    record_fault(ctx, FaultCode::kMismatch, FlagId::kHello, q, word, seen, 0);
+    return kStop;
+  }
+  return kRun;
+}
+
 // Called by all threads of every CTA, blockDim.x >= local_size. On kSkip call op_end and exit; on
 // kStop exit (op_enter below does both, for kernels that need nothing else).
 template <class Transport>
 __device__ inline OpStart op_begin(const Transport& t, const WaitContext& ctx, uint64_t signature) {
   __shared__ int state;
   __shared__ uint64_t number;
-  OpSignals& ops = t.my_pad()->ops;
   if (threadIdx.x == 0) {
-    number = *reinterpret_cast<volatile uint64_t*>(&ops.completed) + 1;
-    bool stop;
-    if (blockIdx.x == 0) {
-      stop = device_aborted(t.my_pad()) || host_aborted(ctx.control);
-      if (stop) mark_aborted(t.my_pad());
-      store_release_gpu(&ops.gate, number << 1 | (stop ? 1 : 0));
-    } else {
-      // CTA 0 starts first in practice (CTAs are dispatched in order), so this wait is short.
-      const uint64_t gate = wait_at_least_local(&ops.gate, number << 1, ctx);
-      stop = gate == 0 || (gate & 1) != 0;
-    }
-    state = stop ? kStop : kRun;
+    number = *reinterpret_cast<volatile uint64_t*>(&t.my_pad()->ops.completed) + 1;
+    state = pass_gate(t, ctx, number) ? kStop : kRun;
   }
   __syncthreads();
   const bool stop = state == kStop;
   const uint64_t n = number;
   __syncthreads();  // everyone has read state before anyone changes it
   if (stop) return kStop;
-  const uint64_t word = n << kSignatureBits | signature;
   const int q = threadIdx.x;
   if (q < t.local_size && q != t.local_rank) {
-    uint64_t* slot = &ops.hello[n & 1][q];
-    t.signal(q, &ops.hello[n & 1][t.local_rank], word);
-    const uint64_t seen = t.wait(slot, n << kSignatureBits, ctx, FlagId::kHello, q);
-    const uint64_t theirs = seen & kSignatureMask;
-    if (seen == 0) {
-      atomicMax(&state, kStop);
-    } else if (signature == kCancelSignature) {
-      // A cancelled call only needs to know that every peer has reached this op.
-    } else if (theirs == kCancelSignature) {
-      atomicMax(&state, kSkip);
-    } else if (theirs != signature) {
-      record_fault(ctx, FaultCode::kMismatch, FlagId::kHello, q, word, seen, 0);
-      atomicMax(&state, kStop);
-    }
+    const OpStart vote = greet(t, ctx, n, signature, q);
+    if (vote != kRun) atomicMax(&state, vote);
   }
   __syncthreads();
   const OpStart start = static_cast<OpStart>(state);
   if (start == kSkip && threadIdx.x == 0) *reinterpret_cast<volatile uint64_t*>(&ctx.control->cancelled) = n;
+  return start;
+}
+
+// op_begin made by one warp (all 32 lanes), for a kernel whose other warps meanwhile do work that
+// touches nothing of a peer's and nothing an earlier op may still use (a GEMM's mainloop on this
+// rank's inputs): they wait for its result before anything that does. The same start in every lane;
+// its caller passes it on, and on kSkip calls op_end, on kStop does not.
+template <class Transport>
+__device__ inline OpStart op_begin_warp(const Transport& t, const WaitContext& ctx, uint64_t signature) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  uint64_t n = 0;
+  int stop = 0;
+  if (lane == 0) {
+    n = *reinterpret_cast<volatile uint64_t*>(&t.my_pad()->ops.completed) + 1;
+    stop = pass_gate(t, ctx, n) ? 1 : 0;
+  }
+  n = __shfl_sync(0xffffffffu, n, 0);
+  if (__shfl_sync(0xffffffffu, stop, 0) != 0) return kStop;
+  int vote = kRun;
+  for (int q = lane; q < t.local_size; q += 32) {
+    if (q != t.local_rank) vote = max(vote, static_cast<int>(greet(t, ctx, n, signature, q)));
+  }
+  const OpStart start = static_cast<OpStart>(__reduce_max_sync(0xffffffffu, vote));
+  if (start == kSkip && lane == 0) *reinterpret_cast<volatile uint64_t*>(&ctx.control->cancelled) = n;
   return start;
 }
 

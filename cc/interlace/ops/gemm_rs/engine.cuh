@@ -100,7 +100,8 @@ inline void launch(const Launch& l, cudaStream_t stream) {
   params.num_tiles = l.num_tiles;
   params.k_runs = l.k_runs;
   params.epilogue = l.shared;
-  params.phases = l.shared;
+  params.epilogue.copiers = l.reduce_ctas;
+  params.phases = params.epilogue;
   params.copy_ctas = l.reduce_ctas;
   gemm_engine::launch_kernel<Config>(V::kernel(), params, l.ctas, stream);
 }

@@ -68,6 +68,7 @@ struct GemmRsShared {
   // owner sums its own tiles in the epilogue that computed its partial, and there are no reducers.
   // Staging and landing tiles are then in the consumers' order (GemmRsEpilogue::fragment_index).
   int32_t sum_in_epilogue = 0;
+  int32_t copiers = 0;   // the reducer CTAs, last in the grid (GemmParams::copy_ctas)
 };
 
 // gemm_ar's landing tiles: tile (m_idx, n_idx)'s reduced values, 128 x tile_n elements of the output
@@ -86,8 +87,25 @@ __device__ __forceinline__ GemmRsFlags& flags(const device::NvlinkTransport& t) 
   return *op_flags<GemmRsFlags, kOp>(t.my_pad());
 }
 
-// This call's op number. Valid between op_enter and op_end (the counter moves only when the last
-// CTA of the op is done).
+// A GEMM CTA's op handshake, made by a helper warp while the mainloop runs (GemmRsPhases::helpers):
+// its result, and a barrier the epilogue waits on before its first store.
+struct Began {
+  uint64_t barrier;
+  int start;  // device::OpStart
+};
+__device__ __forceinline__ Began& began() {
+  __shared__ Began b;
+  return b;
+}
+
+// The handshake's result, once the helper warp has it: whether this CTA may store and wait (kRun).
+__device__ __forceinline__ bool wait_began() {
+  cutlass::arch::ClusterBarrier::wait(&began().barrier, 0);
+  return began().start == device::kRun;
+}
+
+// This call's op number. Valid between the handshake and op_end (the counter moves only when the
+// last CTA of the op is done).
 __device__ __forceinline__ uint64_t op_number(const device::NvlinkTransport& t) {
   return *reinterpret_cast<const volatile uint64_t*>(&t.my_pad()->ops.completed) + 1;
 }
@@ -306,6 +324,9 @@ struct GemmRsEpilogue {
     // A cluster partner's tile row past the problem: nothing to send (uniform over the tile's threads,
     // so none of them reaches the barrier below).
     if (static_cast<int64_t>(m_idx) * kTileM >= m) return;
+    // Nothing leaves the registers before the handshake: a peer may still be in its previous op, and
+    // a stopped or cancelled call stores nothing, out included.
+    if (!gemm_rs_detail::wait_began()) return;
     const int32_t me = t.local_rank;
     Tensor coords = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));  // within the tile
     Tensor tile_coords = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
@@ -559,12 +580,34 @@ struct GemmRsPhases {
 
   using Params = GemmRsShared;
 
-  __device__ static bool begin(const Params& p) { return device::op_enter(p.transport, p.wait, p.signature); }
+  // The reducers, which wait on peers from their start, make the handshake first, as every CTA of
+  // other ops does. A GEMM CTA starts its mainloop at once, which reads only this rank's inputs, and
+  // makes it in a helper warp meanwhile (helpers): at decode sizes it was 2.4 of gemm_ar's 10.8 us
+  // at K = 256 on one GPU, and more with peers to greet. The epilogue waits for it (wait_began).
+  __device__ static bool is_copier(const Params& p) {
+    return static_cast<int32_t>(blockIdx.x) >= static_cast<int32_t>(gridDim.x) - p.copiers;
+  }
+  __device__ static bool begin(const Params& p) {
+    if (is_copier(p)) return device::op_enter(p.transport, p.wait, p.signature);
+    if (threadIdx.x == 0) {
+      cutlass::arch::ClusterBarrier::init(&gemm_rs_detail::began().barrier, 1);
+      cutlass::arch::fence_barrier_init();
+    }
+    __syncthreads();
+    return true;
+  }
 
   // gemm_ar's end copies landing tiles with 8 16-byte vectors in flight per thread: more than the
   // producer warpgroup's 40 registers hold.
   static constexpr bool kEndRegisters = kCopiesLanded;
-  __device__ static void helpers(const Params&, int /*thread*/, int /*threads*/) {}
+  __device__ static void helpers(const Params& p, int thread, int /*threads*/) {
+    if (thread >= 32) return;  // one warp
+    const device::OpStart start = device::op_begin_warp(p.transport, p.wait, p.signature);
+    if (thread == 0) {
+      gemm_rs_detail::began().start = start;
+      cutlass::arch::ClusterBarrier::arrive(&gemm_rs_detail::began().barrier);  // release
+    }
+  }
 
   // The reducers, every thread of copier CTA `cta` of `ctas`: tiles cta, cta + ctas, ... of this
   // rank's reduce order. Thread s < world waits for sender s's flag of the tile; the sum starts once
@@ -620,9 +663,17 @@ struct GemmRsPhases {
   // gemm_ar with sums in the epilogue: once a CTA's GEMM tiles are done, its consumer warpgroups copy
   // its share of the other owners' tiles from this rank's landing tiles into out as their flags rise
   // (most have landed by then: the owners' sums come all along the GEMM, in rounds).
+  // A GEMM CTA whose handshake stopped the op (kStop) leaves without op_end, as op_enter does.
   __device__ static void end(const Params& p) {
-    if constexpr (kCopiesLanded) {
-      if (p.sum_in_epilogue && threadIdx.x >= gemm_engine::kProducerThreads) copy_landed_fragments(p);
+    if (!is_copier(p)) {
+      // The engine's __syncthreads before end: the helper warp has stored the start.
+      const int start = gemm_rs_detail::began().start;
+      if (start == device::kStop) return;
+      if constexpr (kCopiesLanded) {
+        if (start == device::kRun && p.sum_in_epilogue && threadIdx.x >= gemm_engine::kProducerThreads) {
+          copy_landed_fragments(p);
+        }
+      }
     }
     device::op_end(p.transport);
   }
