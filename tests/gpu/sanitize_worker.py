@@ -28,6 +28,20 @@ for m, n, k in ((1, 8, 8), (130, 136, 72), (257, 264, 200)):
     torch.cuda.synchronize()
     err = ((out.float() - a.float() @ b.float()).norm() / (a.float() @ b.float()).norm()).item()
     assert err < 1e-2, f"gemm {m}x{n}x{k}: relative error {err}"
+# attention: 192-key tiles (D = 128 without the mask) with a ragged last one, and the causal 128s.
+for causal, sk in ((False, 200), (True, 130)):
+    q = torch.randn(1, 130, 2, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, sk, 2, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(1, sk, 2, 128, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    interlace.attention(q, k, v, out, causal=causal)
+    torch.cuda.synchronize()
+    s = torch.einsum("qhd,khd->hqk", q[0].float(), k[0].float()) / 128 ** 0.5
+    if causal:
+        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+    ref = torch.einsum("hqk,khd->qhd", s.softmax(-1), v[0].float())
+    err = ((out[0].float() - ref).norm() / ref.norm()).item()
+    assert err < 1e-2, f"attention causal={causal} S_k={sk}: relative error {err}"
 # ag_gemm: uneven shards (one of 1 row), a tile row spanning both, an ordinary gathered A.
 rows = [1 if q == 0 else 130 for q in range(WORLD)]
 shards = [torch.full((rows[q], 64), q + 1, dtype=torch.bfloat16, device="cuda") for q in range(WORLD)]
