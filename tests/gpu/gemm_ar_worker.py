@@ -6,6 +6,7 @@ rank recomputes every rank's inputs from (case seed, rank)); out is checked agai
 between two runs, and bit for bit between ranks (all_gather of out)."""
 import os
 import sys
+import time
 
 import torch
 
@@ -178,10 +179,55 @@ def scenario_validation():
     print(f"rank {RANK}: {len(cases)} kinds of bad arguments rejected before GPU work")
 
 
+def scenario_abort():
+    """Calls queued behind a GPU sleep on every rank, then rank 0 aborts the group: their GEMM CTAs,
+    whose handshake runs beside the mainloop, store nothing (out stays poisoned), and every rank
+    raises naming the abort. The decode (swapped) path and the throughput path. Not yet in
+    test_gemm_ar.py: its first run (one GPU) found the GPU idle before the abort, and this version,
+    which poisons before the sleep and reports its timeline, has not run yet (NOTES.md)."""
+    group = interlace.init(heap_bytes=256 << 20, timeout_s=TIMEOUT_S)
+    shapes = [(1, 4096, 8192), (2048, 1024, 2048)]
+    calls = []
+    for i, (m, k, n) in enumerate(shapes):
+        g = torch.Generator(device="cuda").manual_seed(i * 100 + RANK)
+        a = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
+        b = torch.randn(n, k, generator=g, device="cuda").to(torch.bfloat16).t()
+        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        interlace.gemm_ar(a, b, out, group)  # the signature is known: later calls launch without waiting
+        calls.append((a, b, out))
+    torch.cuda.synchronize()
+    group.check()
+    for _, _, out in calls:
+        poison(out)
+    torch.cuda.synchronize()
+    group.barrier()
+    began = time.monotonic()
+    torch.cuda._sleep(int(2e9))  # about a second at H200's clocks: the calls below queue behind it
+    queued = []
+    for a, b, out in calls:
+        interlace.gemm_ar(a, b, out, group)
+        queued.append(time.monotonic() - began)
+    group.barrier()
+    if RANK == 0:
+        group.abort("test: rank 0 aborts with gemm_ar queued")
+    aborted = time.monotonic() - began
+    torch.cuda.synchronize()
+    drained = time.monotonic() - began
+    timeline = f"calls queued at {[round(t, 3) for t in queued]} s, abort at {aborted:.3f}, drained at {drained:.3f}"
+    if drained - aborted < 0.1:  # the sleep ended before the abort: the test would prove nothing
+        raise AssertionError(f"rank {RANK}: the GPU was idle before the abort ({timeline})")
+    expect_error(group.check, "test: rank 0 aborts")
+    for i, (_, _, out) in enumerate(calls):
+        if not torch.isnan(out.float()).all():
+            raise AssertionError(f"rank {RANK}: call {i} stored into out after the abort ({timeline})")
+    print(f"rank {RANK}: queued gemm_ar calls stored nothing after the abort, and raised ({timeline})")
+
+
 SCENARIOS = {
     "shapes": scenario_shapes,
     "graph": scenario_graph,
     "validation": scenario_validation,
+    "abort": scenario_abort,
 }
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """gemm_ar (fused GEMM + AllReduce) on real GPUs: each test starts two processes (one per GPU) running
 a scenario of gemm_ar_worker.py, and fails with every rank's output if any rank fails.
 
-  shapes      gemm_rs_worker's 34 cases (M the sum of their rows) x 5 calls: out against an fp32
+  shapes      gemm_rs_worker's 36 cases (M the sum of their rows) x 5 calls: out against an fp32
               reference of every rank's inputs, bit for bit between two runs and between ranks
   graph       two calls on two streams, then a CUDA graph of both replayed 10 times with fresh inputs
   validation  bad arguments raise interlace.Error on every rank before any GPU work"""

@@ -6,7 +6,7 @@
 // attention's blocks from other ranks), each full or on the causal diagonal. The plain kernel
 // (sm90_attention_kernel) has one segment: all keys. Roles:
 //   Producer  (warpgroup 0, one thread): TMA loads of the CTA's Q tile (two 64-row halves, one per
-//             consumer, each behind its own barrier) and of K and V tiles of 128 keys into a
+//             consumer, each behind its own barrier) and of K and V tiles of kTileK keys into a
 //             double-buffered ring (two pipelines, so a consumer waits for V only when it needs it);
 //   Consumers (warpgroups 1, 2): 64 query rows each. Per key tile j: S = Q K_j^T (wgmma, both
 //             operands in shared memory), the online softmax on S in registers, then O += P V_j with P

@@ -56,6 +56,8 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
     // weight, the swapped problem instead, as interlace.gemm's at these sizes (decode_swap_tile_n):
     // the engine computes out^T = b^T a^T in 64-row ping-pong tiles of N, swap_tile_n wide.
     decode = one_shot && m <= kGemmRsTileM && tuning.pingpong && tuning.tile_n == 0 && tuning.reduce_ctas == 0;
+    // b's layout then decides the staging's tiles, so it must be the same on every rank: swap_tile_n
+    // is part of the signature, and ranks that differ raise (mismatched arguments).
     swap_tile_n = decode && problem.b_k_major ? decode_swap_tile_n(m, n, group.num_sms()) : 0;
     l.problem = problem;
     if (swap_tile_n != 0) {  // b^T [N, K] row-major is b's memory; a [M, K] is a K-major [K, M]

@@ -5,8 +5,10 @@
 // K is split across ranks, so every rank computes a partial of every output tile (plan.h). The
 // engine runs as a plain GEMM over [M, K_r] @ [K_r, N] in GemmRsOrder (owner rank + 1's rows first,
 // this rank's own last), with three hooks filled in:
-//   Phases::begin    the op handshake (device/op_sequence.cuh): peers run the same call, and their
-//                    previous op no longer reads the staging this rank's epilogue stores into;
+//   Phases           the op handshake (device/op_sequence.cuh): peers run the same call, and their
+//                    previous op no longer reads the staging this rank's epilogue stores into; made
+//                    by the reducers first (begin), by a GEMM CTA's helper warp during its mainloop
+//                    (helpers), which its epilogue waits for;
 //   GemmRsEpilogue   instead of storing the tile to out, stores its fp32 partial into the staging
 //                    tile for (tile, this rank) of every owner whose rows the tile touches (this rank
 //                    included), then raises that staging tile's flag there to the call's op number;
@@ -55,7 +57,7 @@ struct GemmRsShared {
   device::NvlinkTransport transport;
   device::WaitContext wait;
   uint64_t signature;    // the call's, for the op handshake
-  GemmRsPlan plan;       // rows in CTA tile rows (128); tile_n is the kernel's tile width
+  GemmRsPlan plan;       // rows in CTA tile rows (128; 64 on the swapped path); tile_n is the kernel's tile width
   uint64_t staging;      // heap offset of the staging tiles, the same on every rank
   void* out;             // gemm_rs: this rank's rows, [rows of this rank, n]; gemm_ar: [M, n]; row stride ldo
   int64_t ldo;
@@ -99,9 +101,12 @@ __device__ __forceinline__ Began& began() {
 }
 
 // The handshake's result, once the helper warp has it: whether this CTA may store and wait (kRun).
+// start is volatile on both sides: CUTLASS's arrive and wait are asm without a memory clobber, and
+// a stopped call's stores hang on this read.
+__device__ __forceinline__ int read_began() { return *reinterpret_cast<volatile int*>(&began().start); }
 __device__ __forceinline__ bool wait_began() {
   cutlass::arch::ClusterBarrier::wait(&began().barrier, 0);
-  return began().start == device::kRun;
+  return read_began() == device::kRun;
 }
 
 // This call's op number. Valid between the handshake and op_end (the counter moves only when the
@@ -255,7 +260,8 @@ __device__ __forceinline__ void copy_landed_tile(const GemmRsShared& p, int32_t 
 // Consumers, with a finished 128 x kTileN tile in registers. A tile of other owners' rows: its fp32
 // partial goes into the staging tile for (tile, this rank) of every owner of its rows (for the
 // reducers whole: rows outside an owner's block, and rows past M and columns past N, whose values a
-// shrunk TMA box leaves undefined, land there unused; with sum_in_epilogue only rows below M); then,
+// shrunk TMA box leaves undefined, land there unused; with sum_in_epilogue only what `holds`: rows
+// below M and columns below N); then,
 // once every consumer thread of the tile has stored (a named barrier: one warpgroup in ping-pong,
 // both in cooperative), one thread raises each owner's
 // flag for (tile, this rank) with a system fence and a release store (NvlinkTransport::signal).
@@ -428,8 +434,8 @@ struct GemmRsEpilogue {
   }
 
   // The last run of tile (m_idx, n_idx): accum = this run + run 0 + run 1 + ..., in fp32 in that
-  // order, once the earlier runs' flags rise (their CTAs never wait, and come earlier in the grid, so they
-  // are dispatched before the one waiting for them). A failed wait (abort, timeout) has recorded why
+  // order, once the earlier runs' flags rise (their CTAs wait only for their own handshake, and come
+  // earlier in the grid, so they are dispatched before the one waiting for them). A failed wait (abort, timeout) has recorded why
   // and returns; the call raises.
   template <int kThreads, class Accumulators, class Coords>
   __device__ __forceinline__ static void add_runs(const Params& p, Accumulators& accum, const Coords& tile_coords,
@@ -604,7 +610,7 @@ struct GemmRsPhases {
     if (thread >= 32) return;  // one warp
     const device::OpStart start = device::op_begin_warp(p.transport, p.wait, p.signature);
     if (thread == 0) {
-      gemm_rs_detail::began().start = start;
+      *reinterpret_cast<volatile int*>(&gemm_rs_detail::began().start) = start;
       cutlass::arch::ClusterBarrier::arrive(&gemm_rs_detail::began().barrier);  // release
     }
   }
@@ -667,7 +673,7 @@ struct GemmRsPhases {
   __device__ static void end(const Params& p) {
     if (!is_copier(p)) {
       // The engine's __syncthreads before end: the helper warp has stored the start.
-      const int start = gemm_rs_detail::began().start;
+      const int start = gemm_rs_detail::read_began();
       if (start == device::kStop) return;
       if constexpr (kCopiesLanded) {
         if (start == device::kRun && p.sum_in_epilogue && threadIdx.x >= gemm_engine::kProducerThreads) {

@@ -25,7 +25,8 @@ struct RingGrid {
   int64_t ctas = 1;
 };
 
-// Keys per tile, as the attention engine picks them: 192 at D = 128 without the mask.
+// Keys per tile: 176 at D = 128 without the mask (the plain kernel's 192 spill at the ring's 224
+// consumer registers), else 128. launch's dispatch follows plan.tile_k, so the two cannot differ.
 int key_tile(const AttentionProblem& a, bool causal) { return !causal && a.head_dim == 128 ? 176 : 128; }
 
 RingGrid ring_grid(const RingAttentionPlan& plan, int sender_ctas) {
