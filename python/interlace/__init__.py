@@ -247,11 +247,11 @@ def gemm_ar(a, b, out, group, *, stream=None, band_m=0, tile_n=0, pingpong=True,
     sizes (M <= 256, one wave of tiles) every rank sums every tile itself from every rank's partial
     instead (at M <= 128 with K split into runs, whose partial sums are added first, or, with b a
     Linear weight's .t(), on the swapped GEMM out^T = b^T a^T), as deterministic and the same on every
-    rank. b's layout must then be the same on every rank (the tiles differ). Tuning as gemm_rs, without round_m (reduce_ctas given:
-    reducer CTAs instead of sums in the epilogue). Needs heap scratch for the fp32 partials of the
-    tiles this rank sums (world x M / world x N x 4 bytes, about; world x M x N x 4 at decode sizes)
-    and a landing copy of out (M x N x 2 bytes). Stream-ordered, graph-capturable; raises
-    interlace.Error before any GPU work on bad arguments."""
+    rank; b's layout must then be the same on every rank (the tiles differ). Tuning as gemm_rs,
+    without round_m (reduce_ctas given: reducer CTAs instead of sums in the epilogue). Needs heap
+    scratch for the fp32 partials of the tiles this rank sums (world x M / world x N x 4 bytes,
+    about; world x M x N x 4 at decode sizes) and a landing copy of out (M x N x 2 bytes).
+    Stream-ordered, graph-capturable; raises interlace.Error before any GPU work on bad arguments."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: interlace.gemm_ar writes into out")
     native = _native(group)

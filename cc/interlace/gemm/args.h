@@ -29,6 +29,18 @@ struct GemmProblem {
 // a's or b's (byte ranges from the lowest to the highest element, so interleaved views count).
 GemmProblem check_gemm_args(const TensorView& a, const TensorView& b, const TensorView& out, int device);
 
+// out^T = b^T a^T over the same memory, for a b with K contiguous (b_k_major): b^T [N, K] row-major
+// is b's memory with row stride ldb, and a [M, K] is a K-major [K, M] with column stride lda. The
+// decode sizes' swapped GEMM (decode_swap_tile_n); ldc is still out's.
+inline GemmProblem transposed(const GemmProblem& p) {
+  GemmProblem t = p;
+  t.m = p.n;
+  t.n = p.m;
+  t.lda = p.ldb;
+  t.ldb = p.lda;
+  return t;
+}
+
 // Whether two 2-D tensors share a byte, from the lowest to the highest element of each (strides
 // included, so interleaved views count).
 bool overlap_2d(const TensorView& a, const TensorView& b);

@@ -77,13 +77,9 @@ void launch_swapped(const GemmProblem& p, const TensorView& a, const TensorView&
                     cudaStream_t stream, int num_sms) {
   using Config = gemm_engine::Sm90GemmConfig<Element, /*kBKMajor=*/true, kTileN, /*kClusterM=*/1,
                                              /*kPingpong=*/true, /*kTileM=*/64>;
-  GemmProblem swapped = p;  // b^T [N, K] row-major is b's memory; a [M, K] is a K-major [K, M]
-  swapped.m = p.n;
-  swapped.n = p.m;
-  swapped.lda = p.ldb;
-  swapped.ldb = p.lda;
-  launch_engine<Config, StoreTransposedTile<Element>>(swapped, b.data, a.data, {static_cast<Element*>(out.data), p.ldc},
-                                                      /*band_m=*/1, stream, num_sms);
+  launch_engine<Config, StoreTransposedTile<Element>>(transposed(p), b.data, a.data,
+                                                      {static_cast<Element*>(out.data), p.ldc}, /*band_m=*/1, stream,
+                                                      num_sms);
 }
 
 }  // namespace

@@ -59,13 +59,7 @@ void gemm_ar(Group& group, const TensorView& a, const TensorView& b, const Tenso
     // b's layout then decides the staging's tiles, so it must be the same on every rank: swap_tile_n
     // is part of the signature, and ranks that differ raise (mismatched arguments).
     swap_tile_n = decode && problem.b_k_major ? decode_swap_tile_n(m, n, group.num_sms()) : 0;
-    l.problem = problem;
-    if (swap_tile_n != 0) {  // b^T [N, K] row-major is b's memory; a [M, K] is a K-major [K, M]
-      l.problem.m = n;
-      l.problem.n = m;
-      l.problem.lda = problem.ldb;
-      l.problem.ldb = problem.lda;
-    }
+    l.problem = swap_tile_n != 0 ? transposed(problem) : problem;
     const int64_t engine_m = l.problem.m, engine_n = l.problem.n;
     const int tile_m = swap_tile_n != 0 ? 64 : kGemmRsTileM;
     const int engine_tile_n = swap_tile_n != 0 ? swap_tile_n : tile_n;
