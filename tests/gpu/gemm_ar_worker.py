@@ -182,9 +182,7 @@ def scenario_validation():
 def scenario_abort():
     """Calls queued behind a GPU sleep on every rank, then rank 0 aborts the group: their GEMM CTAs,
     whose handshake runs beside the mainloop, store nothing (out stays poisoned), and every rank
-    raises naming the abort. The decode (swapped) path and the throughput path. Not yet in
-    test_gemm_ar.py: its first run (one GPU) found the GPU idle before the abort, and this version,
-    which poisons before the sleep and reports its timeline, has not run yet (NOTES.md)."""
+    raises naming the abort. The decode (swapped) path and the throughput path."""
     group = interlace.init(heap_bytes=256 << 20, timeout_s=TIMEOUT_S)
     shapes = [(1, 4096, 8192), (2048, 1024, 2048)]
     calls = []

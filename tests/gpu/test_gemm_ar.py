@@ -4,7 +4,8 @@ a scenario of gemm_ar_worker.py, and fails with every rank's output if any rank 
   shapes      gemm_rs_worker's 36 cases (M the sum of their rows) x 5 calls: out against an fp32
               reference of every rank's inputs, bit for bit between two runs and between ranks
   graph       two calls on two streams, then a CUDA graph of both replayed 10 times with fresh inputs
-  validation  bad arguments raise interlace.Error on every rank before any GPU work"""
+  validation  bad arguments raise interlace.Error on every rank before any GPU work
+  abort       calls queued behind a GPU sleep store nothing once rank 0 aborts, and every rank raises"""
 import os
 
 import pytest
@@ -29,3 +30,7 @@ def test_streams_and_cuda_graph_replays():
 
 def test_bad_arguments_raise_before_gpu_work():
     run("validation")
+
+
+def test_abort_stops_queued_calls():
+    run("abort")
