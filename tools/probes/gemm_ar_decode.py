@@ -1,12 +1,16 @@
 """Probe: where gemm_ar's time goes at decode sizes. One rank per visible GPU; for M = 1 to 256 at
-K = 8192 (split over the ranks) and N = 8192, and at a tiny K (the fixed costs alone), the GPU time
-of gemm_ar's kernel and of interlace.gemm's on the same inputs, from torch.profiler's kernel records
-(medians), beside the host-timed replay of a graph of one call. Run on the GPU machine:
+K = 8192 (split over the ranks) and N = 8192, and at a tiny K (the fixed costs alone), per call of
+gemm_ar and of interlace.gemm on the same inputs: the GPU time of back-to-back replays of a one-call
+graph (CUDA events between them, so launch gaps included), and the kernel's own time in those
+replays, from torch.profiler's kernel records (medians). Replays rather than eager calls: at world
+size 2 an eager call's host time (about 15 us) exceeds a small kernel's, so each kernel would wait
+for its peer's late launch, and its time would measure that. Run on the GPU machine:
 PYTHONPATH=<wheel dir> python3 -c "from interlace.bench.launch import run_scenario; \\
     run_scenario('tools/probes/gemm_ar_decode.py', 'all', timeout_s=300)\""""
 import statistics
 
 import torch
+import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
 import interlace
@@ -45,12 +49,17 @@ def main():
         ar()
         alone()
         torch.cuda.synchronize()
-        ms = common.time_collective({"ar_graph": common.graph_of(ar, 1), "gemm_graph": common.graph_of(alone, 1)}, 5,
-                                    50)
-        ar_k, alone_k = kernel_us(ar), kernel_us(alone)
+        ar_graph, alone_graph = common.graph_of(ar, 1), common.graph_of(alone, 1)
+        ms = common.time_collective({"ar_graph": ar_graph, "gemm_graph": alone_graph}, 5, 50)
+        kernels = {}
+        for label, fn in (("gemm_ar", ar_graph), ("gemm", alone_graph)):
+            torch.cuda.synchronize()
+            dist.barrier()  # the ranks replay together, as a serving loop does
+            kernels[label] = kernel_us(fn)
         if rank == 0:
-            print(f"M={m} K={k} N={n} (K_r {k_local}): graph us: gemm_ar {ms['ar_graph'] * 1e3:.1f} "
-                  f"gemm {ms['gemm_graph'] * 1e3:.1f}; kernel us: gemm_ar {ar_k} gemm {alone_k}", flush=True)
+            print(f"M={m} K={k} N={n} (K_r {k_local}): per replay us: gemm_ar {ms['ar_graph'] * 1e3:.1f} "
+                  f"gemm {ms['gemm_graph'] * 1e3:.1f}; kernel us in replays: gemm_ar {kernels['gemm_ar']} "
+                  f"gemm {kernels['gemm']}", flush=True)
     group.check()
 
 
