@@ -1,14 +1,15 @@
 """Probe, world size 1 on one GPU: ring_attention at shapes chosen by how many query tiles each compute
-CTA gets, each in its own process under a timeout, so that a hang is reported as one and the next
-shape still runs. Against fp32 SDPA, out poisoned first. Written for branch wip/persistent-ring,
-whose persistent compute CTAs hung on a CTA's second tile (bench/results/NOTES.md, thirteenth
-session): at S = 600 there are 5 query tiles per head, so 1 head gives 5 tiles (one per CTA) and 26
-or 27 heads 130 or 135 (over 132 SMs: some CTAs take two). Run on the GPU machine:
+CTA gets, each in its own process under a timeout (run_ranks: a hang shows as "killed after 20 s"),
+so that the next shape still runs. Against fp32 SDPA, out poisoned first. Written for branch
+wip/persistent-ring, whose persistent compute CTAs hung on a CTA's second tile
+(bench/results/NOTES.md, thirteenth session): at S = 600 there are 5 query tiles per head, so 1
+head gives 5 tiles (one per CTA) and 26 or 27 heads 130 or 135 (over 132 SMs: some CTAs take two).
+Run on the GPU machine:
 PYTHONPATH=<wheel dir> python3 tools/probes/ring_attention_tiles.py [S:heads:causal ...]"""
-import os
-import subprocess
 import sys
 import time
+
+from interlace.bench.launch import run_ranks
 
 SHAPES = ["128:1:0", "600:1:0", "600:26:0", "600:27:0", "600:32:1", "8192:32:1"]
 TIMEOUT_S = 20
@@ -17,7 +18,7 @@ TIMEOUT_S = 20
 def run_one(s, heads, causal):
     import torch
     import interlace
-    group = interlace.init(rank=0, world_size=1, master_addr="127.0.0.1", master_port=29543, heap_bytes=64 << 20)
+    group = interlace.init(heap_bytes=64 << 20)
     q, k, v = (torch.randn(1, s, heads, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out = torch.full_like(q, float("nan"))
     began = time.monotonic()
@@ -36,20 +37,15 @@ def run_one(s, heads, causal):
 def main(shapes):
     failed = 0
     for shape in shapes:
-        try:
-            result = subprocess.run([sys.executable, __file__, "--one", shape], capture_output=True, text=True,
-                                    timeout=TIMEOUT_S)
-            lines = (result.stdout + result.stderr).strip().splitlines()
-            print(f"{shape}: exit {result.returncode}: {lines[-1] if lines else ''}", flush=True)
-            failed |= result.returncode != 0
-        except subprocess.TimeoutExpired:
-            print(f"{shape}: HUNG (no result in {TIMEOUT_S} s)", flush=True)
-            failed = 1
+        # One rank; run_ranks kills it past the timeout and says so in its output.
+        [(rc, out)] = run_ranks([__file__, "--one", shape], 1, TIMEOUT_S)
+        lines = out.strip().splitlines()
+        print(f"{shape}: exit {rc}: {lines[-1] if lines else ''}", flush=True)
+        failed |= rc != 0
     return failed
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     if len(sys.argv) == 3 and sys.argv[1] == "--one":
         s, heads, causal = (int(x) for x in sys.argv[2].split(":"))
         sys.exit(run_one(s, heads, bool(causal)))
