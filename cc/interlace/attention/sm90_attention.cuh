@@ -84,8 +84,12 @@ struct Config {
                                                    cute::Shape<cute::_64, HeadDim, cute::Int<kConsumers>>{}));
   using SmemLayoutK = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<Element>{},
                                                    cute::Shape<TileK, HeadDim, cute::Int<kStages>>{}));
+  // V's atoms (64 of D by 8 keys) go along the keys first, so that the keys of a 64-wide D stripe are
+  // evenly spaced and TMA loads a stripe in one box; atoms along D first cut it into boxes of 8 keys
+  // (48 loads per 192-key tile, each a producer instruction stream of its own).
   using SmemLayoutV = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<Element>{},
-                                                   cute::Shape<HeadDim, TileK, cute::Int<kStages>>{}));
+                                                   cute::Shape<HeadDim, TileK, cute::Int<kStages>>{},
+                                                   cute::Step<cute::_2, cute::_1, cute::_3>{}));
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   static constexpr uint32_t kQHalfBytes = 64 * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKVTileBytes = kTileK * kHeadDim * sizeof(Element);
