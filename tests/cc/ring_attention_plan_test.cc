@@ -330,7 +330,7 @@ TEST(RingAttentionPlan, QueryTilesCoverEveryRowOnceHeaviestFirst) {
           std::vector<int> seen(static_cast<size_t>(batch * heads * rows), 0);
           int last_half = 1;
           std::vector<int> last_offset(2 * batch * heads, 1 << 30);
-          for (int64_t x = 0; x < p.query_ctas(); ++x) {
+          for (int64_t x = 0; x < p.work_tiles(); ++x) {
             const RingAttentionPlan::QueryTile t = p.query_tile(x);
             ASSERT_TRUE(t.batch >= 0 && t.batch < batch && t.head >= 0 && t.head < heads);
             ASSERT_GT(t.rows, 0) << "a tile without queries";

@@ -9,7 +9,7 @@ import interlace.torch as itorch
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-group = interlace.init(heap_bytes=16 << 20)
+group = interlace.init(heap_bytes=32 << 20)
 for n in (1, 7, 1000, 65536 + 5):
     inp = torch.full((n,), RANK + 1, dtype=torch.bfloat16, device="cuda")
     ref = torch.cat([torch.full((n,), q + 1, dtype=torch.bfloat16, device="cuda") for q in range(WORLD)])
@@ -42,6 +42,33 @@ for causal, sk in ((False, 200), (True, 130)):
     ref = torch.einsum("hqk,khd->qhd", s.softmax(-1), v[0].float())
     err = ((out[0].float() - ref).norm() / ref.norm()).item()
     assert err < 1e-2, f"attention causal={causal} S_k={sk}: relative error {err}"
+# ring attention under the causal mask (its persistent compute CTAs): each rank's 600 rows are its
+# two zigzag chunks of 300 (chunks RANK and 2W-1-RANK), 3 query tiles each, so 6 per head x 32 heads,
+# more than the SMs: some CTAs run two tiles one after the other (the hand-off of Q and of the
+# tile); every rank's K/V from its seed, for the reference.
+def ring_inputs(q):
+    g = torch.Generator(device="cuda").manual_seed(100 + q)
+    return [torch.randn(1, 600, 32, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3)]
+
+
+def ring_chunk(t, c):  # global chunk c of tensor t (1: K, 2: V), from its owner's shard
+    owner, part = (c, 0) if c < WORLD else (2 * WORLD - 1 - c, 1)
+    return ring_inputs(owner)[t][:, part * 300:(part + 1) * 300]
+
+
+q, k, v = ring_inputs(RANK)
+out = torch.full_like(q, float("nan"))
+interlace.ring_attention(q, k, v, out, group, causal=True)
+torch.cuda.synchronize()
+group.check()
+keys = torch.cat([ring_chunk(1, c) for c in range(2 * WORLD)], 1)[0].float()
+values = torch.cat([ring_chunk(2, c) for c in range(2 * WORLD)], 1)[0].float()
+positions = torch.cat([torch.arange(c * 300, (c + 1) * 300, device="cuda") for c in (RANK, 2 * WORLD - 1 - RANK)])
+s = torch.einsum("qhd,khd->hqk", q[0].float(), keys) / 128 ** 0.5
+s = s.masked_fill(torch.arange(keys.shape[0], device="cuda")[None, None, :] > positions[None, :, None], float("-inf"))
+ref = torch.einsum("hqk,khd->qhd", s.softmax(-1), values)
+err = ((out[0].float() - ref).norm() / ref.norm()).item()
+assert err < 1e-2, f"ring_attention: relative error {err}"
 # ag_gemm: uneven shards (one of 1 row), a tile row spanning both, an ordinary gathered A.
 rows = [1 if q == 0 else 130 for q in range(WORLD)]
 shards = [torch.full((rows[q], 64), q + 1, dtype=torch.bfloat16, device="cuda") for q in range(WORLD)]

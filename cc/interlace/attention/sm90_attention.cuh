@@ -1,13 +1,15 @@
 // The Hopper attention forward (softmax(Q K^T * scale) V, with the log-sum-exp) that ring attention
 // computes its blocks with: TMA and wgmma, warp-specialized, online softmax.
 //
-// attention_cta runs one CTA's query tile (128 rows of one head) against the key segments a
-// Schedule names, in order: contiguous key rows of the CTA's own K/V or of a receive slot (ring
-// attention's blocks from other ranks), each full or on the causal diagonal. The plain kernel
+// attention_tiles runs a CTA's query tiles (128 rows of one head each), one after another as a Source
+// hands them out (the plain kernel's: one; ring attention's: a work queue), each against the key
+// segments a Schedule names, in order: contiguous key rows of the CTA's own K/V or of a receive slot
+// (ring attention's blocks from other ranks), each full or on the causal diagonal. The plain kernel
 // (sm90_attention_kernel) has one segment: all keys. Roles:
-//   Producer  (warpgroup 0, one thread): TMA loads of the CTA's Q tile (two 64-row halves, one per
-//             consumer, each behind its own barrier) and of K and V tiles of kTileK keys into a
-//             double-buffered ring (two pipelines, so a consumer waits for V only when it needs it);
+//   Producer  (warpgroup 0, one thread): takes the tiles; TMA loads of each one's Q (two 64-row
+//             halves, one per consumer, each behind its own barrier) and of K and V tiles of kTileK
+//             keys into a double-buffered ring (two pipelines, so a consumer waits for V only when it
+//             needs it), which runs on from one query tile to the next;
 //   Consumers (warpgroups 1, 2): 64 query rows each. Per key tile j: S = Q K_j^T (wgmma, both
 //             operands in shared memory), the online softmax on S in registers, then O += P V_j with P
 //             from registers (the accumulator's layout is the A operand's, so no shuffle). The next
@@ -52,6 +54,13 @@ struct QKAtom<cutlass::bfloat16_t, 176, kHeadDim> {
 template <int kHeadDim>
 struct QKAtom<cutlass::half_t, 176, kHeadDim> {
   using type = cute::SM90::GMMA::MMA_64x176x16_F32F16F16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>;
+};
+
+// A tile of queries: rows [row0, row0 + min(valid, 128)) of one (batch, head); offset0 is row0's
+// offset within its part of the sequence (ring attention's zigzag half `part`; 0 for the plain
+// kernel), which the causal mask compares key offsets against. valid == 0: no tile (a Source's end).
+struct QueryTile {
+  int32_t batch, head, row0, valid, offset0, part;
 };
 
 // kTileK_: keys per tile. 128 suits the causal mask (the diagonal tile is square). Without the mask,
@@ -101,6 +110,8 @@ struct Config {
     typename Pipeline::SharedStorage pipeline_k;
     typename Pipeline::SharedStorage pipeline_v;
     cutlass::arch::ClusterTransactionBarrier::ValueType q_full[kConsumers];
+    cutlass::arch::ClusterBarrier::ValueType q_empty;  // both consumers are done with the tile's Q
+    QueryTile work;  // the tile q_full announces: from the producer to the consumers
   };
   static_assert(sizeof(SharedStorage) <= 227 * 1024, "more shared memory than an SM gives a CTA");
 
@@ -165,12 +176,6 @@ struct Params {
   float scale;
 };
 
-// A CTA's queries: rows [row0, row0 + min(valid, 128)) of one (batch, head); offset0 is row0's offset
-// within its part of the sequence, which the causal mask compares key offsets against.
-struct QueryTile {
-  int32_t batch, head, row0, valid, offset0;
-};
-
 // Contiguous key rows [row0, row0 + rows) of the inputs (slot < 0) or of receive slot `slot`. On the
 // causal diagonal (the keys' offsets and the queries' within the same stretch of the sequence), key
 // offset k is visible to query offset q iff k <= q. step: which ring step the keys belong to.
@@ -187,6 +192,18 @@ struct DenseSchedule {
   // The producer's wait before loading the box of keys [lo, hi) (which may run past the segment):
   // nothing to wait for here.
   __device__ void wait_keys(const KeySegment&, int, int, int, int) {}
+};
+
+// A Source of one tile, the CTA's, known to every thread (kOneTile), so that attention_tiles compiles
+// to a single pass with no hand-over: the loop around the mainloop cost the plain kernel 2-7% under
+// the causal mask and at D = 64 (bench/results/NOTES.md, fourteenth session).
+template <class Schedule>
+struct OneTile {
+  static constexpr bool kOneTile = true;
+  QueryTile tile;
+  Schedule keys;
+  __device__ QueryTile next() const { return tile; }
+  __device__ Schedule schedule(const QueryTile&) const { return keys; }
 };
 
 __device__ __forceinline__ float exp2_approx(float x) {
@@ -298,17 +315,25 @@ struct TileCursor {
   }
 };
 
-// One CTA's query tile against its schedule's keys; every thread of the CTA calls it, and all return.
+// A CTA's query tiles, one after another as its Source hands them out, each against the keys of the
+// Source's schedule for it; every thread of the CTA calls it, and all return. A Source has
+//   QueryTile next()                    the producer thread's: the CTA's next tile; valid == 0: none left
+//   Schedule schedule(const QueryTile&) the tile's keys (any thread)
+//   kOneTile                            true: next() is the CTA's only tile, the same in every thread
+// The producer takes tile n + 1 while the consumers still work on tile n, and loads its Q as soon as
+// both consumers are done with tile n's (q_empty), so that a tile's start hides under the last one's
+// end. The tile itself travels to the consumers through shared memory, behind q_full.
 // A schedule whose producer waits on flags needs more than the plain producer's registers: it takes
 // them from the consumers. The split must fit what the launch gave the CTA, or the consumers'
 // setmaxnreg.inc waits forever for registers nobody frees.
-template <class Config, class Schedule, int kProducerRegisters = Config::kProducerRegisters,
+template <class Config, class Source, int kProducerRegisters = Config::kProducerRegisters,
           int kConsumerRegisters = Config::kConsumerRegisters>
-__device__ __forceinline__ void attention_cta(const Params<Config>& p, Schedule& schedule, const QueryTile& tile,
-                                              typename Config::SharedStorage& shared) {
+__device__ __forceinline__ void attention_tiles(const Params<Config>& p, Source& source,
+                                                typename Config::SharedStorage& shared) {
   using namespace cute;
   using Element = typename Config::Element;
   using Pipeline = typename Config::Pipeline;
+  using Schedule = decltype(source.schedule(QueryTile{}));
   using HeadDim = typename Config::HeadDim;
   using TileK = typename Config::TileK;
   constexpr int kTileK = Config::kTileK;
@@ -318,7 +343,7 @@ __device__ __forceinline__ void attention_cta(const Params<Config>& p, Schedule&
                 "the register split exceeds the launch's: setmaxnreg.inc would never return");
   const int warp_idx = cutlass::canonical_warp_idx_sync();
   const int warp_group = cutlass::canonical_warp_group_idx();
-  const int head_kv = tile.head / (p.heads_q / p.heads_kv);
+  const int group = p.heads_q / p.heads_kv;  // query heads per K/V head
 
   typename Pipeline::Params pipeline_params;
   pipeline_params.role = warp_group == 0 ? (warp_idx == 0 ? Pipeline::ThreadCategory::Producer
@@ -331,6 +356,7 @@ __device__ __forceinline__ void attention_cta(const Params<Config>& p, Schedule&
   Pipeline pipeline_v(shared.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
   if (threadIdx.x == 0) {
     for (int c = 0; c < Config::kConsumers; ++c) cutlass::arch::ClusterTransactionBarrier::init(&shared.q_full[c], 1);
+    cutlass::arch::ClusterBarrier::init(&shared.q_empty, Config::kConsumers * cutlass::NumThreadsPerWarpGroup);
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -342,49 +368,64 @@ __device__ __forceinline__ void attention_cta(const Params<Config>& p, Schedule&
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
     if (warp_idx != 0 || !cute::elect_one_sync()) return;
-    Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.rows_q, HeadDim{}, p.heads_q, p.batch, 1));
-    Tensor gQ = local_tile(domain_offset(make_coord(tile.row0, 0), mQ(_, _, tile.head, tile.batch, 0)),
-                           Shape<_64, HeadDim>{}, make_coord(_, 0));  // (64, D, halves)
-    auto [tQgQ, tQsQ] = tma_partition(p.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-    for (int c = 0; c < Config::kConsumers; ++c) {
-      auto& full = *reinterpret_cast<cutlass::arch::ClusterTransactionBarrier*>(&shared.q_full[c]);
-      full.arrive_and_expect_tx(Config::kQHalfBytes);
-      copy(p.tma_q.with(shared.q_full[c]), tQgQ(_, c), tQsQ(_, c));
-    }
     auto state = cutlass::make_producer_start_state<Pipeline>();
-    // K and V tiles of one segment, from the inputs or a receive slot.
-    // Leaves `cur` at the next segment's first tile; `more` false at the end.
-    auto load_segment = [&](const auto& tma_k, const auto& tma_v, int rows, int slots, int slot,
-                            TileCursor<Config, Schedule>& cur, bool& more) {
-      Tensor mK = tma_k.get_tma_tensor(make_shape(rows, HeadDim{}, p.heads_kv, p.batch, slots));
-      Tensor mV = tma_v.get_tma_tensor(make_shape(HeadDim{}, rows, p.heads_kv, p.batch, slots));
-      Tensor gK = local_tile(domain_offset(make_coord(cur.seg.row0, 0), mK(_, _, head_kv, tile.batch, slot)),
-                             Shape<TileK, HeadDim>{}, make_coord(_, 0));  // (keys, D, j)
-      Tensor gV = local_tile(domain_offset(make_coord(0, cur.seg.row0), mV(_, _, head_kv, tile.batch, slot)),
-                             Shape<HeadDim, TileK>{}, make_coord(0, _));  // (D, keys, j)
-      auto [tKgK, tKsK] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-      auto [tVgV, tVsV] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-      const int g = cur.g;
-      do {
-        const int lo = cur.seg.row0 + cur.j * kTileK;
-        schedule.wait_keys(cur.seg, tile.batch, head_kv, lo, lo + kTileK);  // the whole box TMA reads
-        pipeline_k.producer_acquire(state);
-        copy(tma_k.with(*pipeline_k.producer_get_barrier(state)), tKgK(_, cur.j), tKsK(_, state.index()));
-        pipeline_v.producer_acquire(state);
-        copy(tma_v.with(*pipeline_v.producer_get_barrier(state)), tVgV(_, cur.j), tVsV(_, state.index()));
-        ++state;
-      } while ((more = cur.advance()) && cur.g == g);
-    };
-    TileCursor<Config, Schedule> cur(schedule, tile);
-    bool more = cur.advance();
-    while (more) {
-      if (cur.seg.slot < 0) {
-        load_segment(p.tma_k, p.tma_v, p.rows_k, 1, 0, cur, more);
-      } else {
-        load_segment(p.tma_k_recv, p.tma_v_recv, p.rows_recv, p.slots, cur.seg.slot, cur, more);
+    for (int n = 0;; ++n) {
+      const QueryTile tile = source.next();
+      if constexpr (!Source::kOneTile) {
+        // Both consumers are done with tile n - 1's Q, and have read it from shared memory.
+        if (n > 0) cutlass::arch::ClusterBarrier::wait(&shared.q_empty, (n - 1) & 1);
+        shared.work = tile;
+        asm volatile("" ::: "memory");  // the store above before the arrivals below (which release it)
+        if (tile.valid == 0) {
+          for (int c = 0; c < Config::kConsumers; ++c) cutlass::arch::ClusterBarrier::arrive(&shared.q_full[c]);
+          return;
+        }
       }
+      const int head_kv = tile.head / group;
+      Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.rows_q, HeadDim{}, p.heads_q, p.batch, 1));
+      Tensor gQ = local_tile(domain_offset(make_coord(tile.row0, 0), mQ(_, _, tile.head, tile.batch, 0)),
+                             Shape<_64, HeadDim>{}, make_coord(_, 0));  // (64, D, halves)
+      auto [tQgQ, tQsQ] = tma_partition(p.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+      for (int c = 0; c < Config::kConsumers; ++c) {
+        auto& full = *reinterpret_cast<cutlass::arch::ClusterTransactionBarrier*>(&shared.q_full[c]);
+        full.arrive_and_expect_tx(Config::kQHalfBytes);
+        copy(p.tma_q.with(shared.q_full[c]), tQgQ(_, c), tQsQ(_, c));
+      }
+      Schedule schedule = source.schedule(tile);
+      // K and V tiles of one segment, from the inputs or a receive slot.
+      // Leaves `cur` at the next segment's first tile; `more` false at the end.
+      auto load_segment = [&](const auto& tma_k, const auto& tma_v, int rows, int slots, int slot,
+                              TileCursor<Config, Schedule>& cur, bool& more) {
+        Tensor mK = tma_k.get_tma_tensor(make_shape(rows, HeadDim{}, p.heads_kv, p.batch, slots));
+        Tensor mV = tma_v.get_tma_tensor(make_shape(HeadDim{}, rows, p.heads_kv, p.batch, slots));
+        Tensor gK = local_tile(domain_offset(make_coord(cur.seg.row0, 0), mK(_, _, head_kv, tile.batch, slot)),
+                               Shape<TileK, HeadDim>{}, make_coord(_, 0));  // (keys, D, j)
+        Tensor gV = local_tile(domain_offset(make_coord(0, cur.seg.row0), mV(_, _, head_kv, tile.batch, slot)),
+                               Shape<HeadDim, TileK>{}, make_coord(0, _));  // (D, keys, j)
+        auto [tKgK, tKsK] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+        auto [tVgV, tVsV] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+        const int g = cur.g;
+        do {
+          const int lo = cur.seg.row0 + cur.j * kTileK;
+          schedule.wait_keys(cur.seg, tile.batch, head_kv, lo, lo + kTileK);  // the whole box TMA reads
+          pipeline_k.producer_acquire(state);
+          copy(tma_k.with(*pipeline_k.producer_get_barrier(state)), tKgK(_, cur.j), tKsK(_, state.index()));
+          pipeline_v.producer_acquire(state);
+          copy(tma_v.with(*pipeline_v.producer_get_barrier(state)), tVgV(_, cur.j), tVsV(_, state.index()));
+          ++state;
+        } while ((more = cur.advance()) && cur.g == g);
+      };
+      TileCursor<Config, Schedule> cur(schedule, tile);
+      bool more = cur.advance();
+      while (more) {
+        if (cur.seg.slot < 0) {
+          load_segment(p.tma_k, p.tma_v, p.rows_k, 1, 0, cur, more);
+        } else {
+          load_segment(p.tma_k_recv, p.tma_v_recv, p.rows_recv, p.slots, cur.seg.slot, cur, more);
+        }
+      }
+      if constexpr (Source::kOneTile) return;
     }
-    return;
   }
 
   cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
@@ -406,10 +447,8 @@ __device__ __forceinline__ void attention_cta(const Params<Config>& p, Schedule&
   static_assert(decltype(size(acc_s))::value == kTileK / 2 && decltype(size(acc_o))::value == Config::kHeadDim / 2);
 
   const AccCoords coords(thread);
-  const int q_first = tile.offset0 + consumer * 64;  // the warpgroup's first query, as an offset
-  RowState rows;
+  int q_first = 0;  // the warpgroup's first query of the current tile, as an offset
   float rescale[2];
-  clear(acc_o);
 
   auto issue_qk = [&](int stage) {
     warpgroup_fence_operand(acc_s);
@@ -462,85 +501,100 @@ __device__ __forceinline__ void attention_cta(const Params<Config>& p, Schedule&
   };
 
   // The consumers take turns at issuing their wgmmas (named barriers kTurnBarrier + consumer), so that
-  // one's softmax runs while the other's matmuls keep the tensor cores busy. Consumer 0 goes first;
-  // every issuing step hands the turn over, except consumer 1's last, so that no arrival is left
-  // pending at exit.
+  // one's softmax runs while the other's matmuls keep the tensor cores busy. Consumer 0 goes first in
+  // every tile; every issuing step hands the turn over, except consumer 1's last, so that no arrival
+  // is left pending at a tile's end.
   auto take_turn = [&]() { named_barrier_sync(kTurnBarrier + consumer); };
   auto pass_turn = [&](bool last) {
     if (!last || consumer == 0) named_barrier_arrive(kTurnBarrier + (consumer ^ 1));
   };
 
-  auto& q_full = *reinterpret_cast<cutlass::arch::ClusterTransactionBarrier*>(&shared.q_full[consumer]);
-  q_full.wait(0);
-  typename Pipeline::PipelineState k_state, v_state;
-  TileCursor<Config, Schedule> cur(schedule, tile);
-  if (cur.advance()) {
-    if (consumer == 1) named_barrier_arrive(kTurnBarrier);
-    // The first tile: S, softmax, and P ready for its PV.
-    pipeline_k.consumer_wait(k_state);
-    take_turn();
-    issue_qk(k_state.index());
-    pass_turn(false);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc_s);
-    pipeline_k.consumer_release(k_state);
-    ++k_state;
-    mask(cur.seg, cur.j);
-    online_softmax<kTileK>(acc_s, rows, p.scale_log2, rescale);
-    to_p();
-    while (cur.advance()) {
-      // S of this tile and PV of the previous one in flight together; O takes the rescale of the
-      // previous tile's softmax while S runs.
+  typename Pipeline::PipelineState k_state, v_state;  // both run on across tiles, as the producer's
+  for (int n = 0;; ++n) {
+    cutlass::arch::ClusterTransactionBarrier::wait(&shared.q_full[consumer], n & 1);
+    asm volatile("" ::: "memory");  // read the tile after the wait that acquires it
+    const QueryTile tile = Source::kOneTile ? source.next() : shared.work;
+    if (tile.valid == 0) return;
+    Schedule schedule = source.schedule(tile);
+    q_first = tile.offset0 + consumer * 64;
+    RowState rows;
+    clear(acc_o);
+    TileCursor<Config, Schedule> cur(schedule, tile);
+    if (cur.advance()) {
+      if (consumer == 1) named_barrier_arrive(kTurnBarrier);
+      // The first tile: S, softmax, and P ready for its PV.
       pipeline_k.consumer_wait(k_state);
       take_turn();
       issue_qk(k_state.index());
-      rescale_o();
-      pipeline_v.consumer_wait(v_state);
-      issue_pv(v_state.index());
       pass_turn(false);
-      warpgroup_wait<1>();  // S done (wgmma batches complete in order)
+      warpgroup_wait<0>();
       warpgroup_fence_operand(acc_s);
       pipeline_k.consumer_release(k_state);
       ++k_state;
       mask(cur.seg, cur.j);
       online_softmax<kTileK>(acc_s, rows, p.scale_log2, rescale);
-      warpgroup_wait<0>();  // PV done: P may be overwritten
+      to_p();
+      while (cur.advance()) {
+        // S of this tile and PV of the previous one in flight together; O takes the rescale of the
+        // previous tile's softmax while S runs.
+        pipeline_k.consumer_wait(k_state);
+        take_turn();
+        issue_qk(k_state.index());
+        rescale_o();
+        pipeline_v.consumer_wait(v_state);
+        issue_pv(v_state.index());
+        pass_turn(false);
+        warpgroup_wait<1>();  // S done (wgmma batches complete in order)
+        warpgroup_fence_operand(acc_s);
+        pipeline_k.consumer_release(k_state);
+        ++k_state;
+        mask(cur.seg, cur.j);
+        online_softmax<kTileK>(acc_s, rows, p.scale_log2, rescale);
+        warpgroup_wait<0>();  // PV done: P may be overwritten
+        warpgroup_fence_operand(acc_o);
+        pipeline_v.consumer_release(v_state);
+        ++v_state;
+        to_p();
+      }
+      if constexpr (!Source::kOneTile) {
+        cutlass::arch::ClusterBarrier::arrive(&shared.q_empty);  // every S of the tile is done: Q is free
+      }
+      rescale_o();
+      pipeline_v.consumer_wait(v_state);
+      take_turn();
+      issue_pv(v_state.index());
+      pass_turn(true);
+      warpgroup_wait<0>();
       warpgroup_fence_operand(acc_o);
       pipeline_v.consumer_release(v_state);
-      ++v_state;
-      to_p();
+      ++v_state;  // the next tile's first V is the next stage (a CTA of one tile never needed this)
+    } else if constexpr (!Source::kOneTile) {
+      cutlass::arch::ClusterBarrier::arrive(&shared.q_empty);
     }
-    rescale_o();
-    pipeline_v.consumer_wait(v_state);
-    take_turn();
-    issue_pv(v_state.index());
-    pass_turn(true);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc_o);
-    pipeline_v.consumer_release(v_state);
-  }
 
-  // Epilogue: O / l in the input dtype, element pairs straight from registers; lse = max * scale + ln l.
-  const int valid = min(tile.valid, Config::kTileQ);
-  CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < 2; ++i) {
-    float l = rows.sum[i];
-    l += __shfl_xor_sync(0xffffffff, l, 1);
-    l += __shfl_xor_sync(0xffffffff, l, 2);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int r = consumer * 64 + coords.row0 + 8 * i;  // within the tile
-    if (r >= valid) continue;
-    const int64_t row = tile.row0 + r;
-    Element* out = p.out + ((static_cast<int64_t>(tile.batch) * p.rows_q + row) * p.heads_q + tile.head) * Config::kHeadDim +
-                   coords.col0;
+    // Epilogue: O / l in the input dtype, element pairs straight from registers; lse = max * scale + ln l.
+    const int valid = min(tile.valid, Config::kTileQ);
     CUTLASS_PRAGMA_UNROLL
-    for (int n = 0; n < Config::kHeadDim / 8; ++n) {
-      *reinterpret_cast<uint32_t*>(out + 8 * n) = pack<Element>(acc_o(4 * n + 2 * i) * inv, acc_o(4 * n + 2 * i + 1) * inv);
+    for (int i = 0; i < 2; ++i) {
+      float l = rows.sum[i];
+      l += __shfl_xor_sync(0xffffffff, l, 1);
+      l += __shfl_xor_sync(0xffffffff, l, 2);
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int r = consumer * 64 + coords.row0 + 8 * i;  // within the tile
+      if (r >= valid) continue;
+      const int64_t row = tile.row0 + r;
+      Element* out = p.out + ((static_cast<int64_t>(tile.batch) * p.rows_q + row) * p.heads_q + tile.head) * Config::kHeadDim +
+                     coords.col0;
+      CUTLASS_PRAGMA_UNROLL
+      for (int n = 0; n < Config::kHeadDim / 8; ++n) {
+        *reinterpret_cast<uint32_t*>(out + 8 * n) = pack<Element>(acc_o(4 * n + 2 * i) * inv, acc_o(4 * n + 2 * i + 1) * inv);
+      }
+      if (p.lse != nullptr && coords.col0 == 0) {
+        p.lse[(static_cast<int64_t>(tile.batch) * p.heads_q + tile.head) * p.rows_q + row] =
+            l > 0.f ? rows.max[i] * p.scale + __logf(l) : -INFINITY;
+      }
     }
-    if (p.lse != nullptr && coords.col0 == 0) {
-      p.lse[(static_cast<int64_t>(tile.batch) * p.heads_q + tile.head) * p.rows_q + row] =
-          l > 0.f ? rows.max[i] * p.scale + __logf(l) : -INFINITY;
-    }
+    if constexpr (Source::kOneTile) return;
   }
 }
 
@@ -554,9 +608,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1) sm90_attention_kernel(con
   auto& shared = *reinterpret_cast<typename Config::SharedStorage*>(smem);
   const int q_tile = causal ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
   const int row0 = q_tile * Config::kTileQ;
-  const QueryTile tile{static_cast<int32_t>(blockIdx.z), static_cast<int32_t>(blockIdx.y), row0, p.rows_q - row0, row0};
-  DenseSchedule schedule{p.rows_k, causal};
-  attention_cta<Config>(p, schedule, tile, shared);
+  OneTile<DenseSchedule> source{
+      QueryTile{static_cast<int32_t>(blockIdx.z), static_cast<int32_t>(blockIdx.y), row0, p.rows_q - row0, row0, 0},
+      DenseSchedule{p.rows_k, causal}};
+  attention_tiles<Config>(p, source, shared);
 #elif defined(__CUDA_ARCH__)
   // Compiled for a GPU without sm_90a's wgmma and TMA: stop with an error rather than leave out unwritten.
   __trap();

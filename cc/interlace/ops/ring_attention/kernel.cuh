@@ -1,18 +1,21 @@
 // Ring attention in one launch: every rank's K/V block travels around the ring over NVLink while the
 // attention engine (attention/sm90_attention.cuh) computes on the blocks that have landed.
 //
-// The grid is a few sender CTAs plus a CTA per (query tile, head, batch). CTAs take their role from
-// a ticket in the order they start, senders first: a sender must be running before anyone waits for
-// it, and CTAs of a launch this large are not all resident. Per launch:
+// The grid is a few sender CTAs plus up to one compute CTA per SM. CTAs take their role from a ticket
+// in the order they start, senders first: a sender must be running before anyone waits for it, and
+// the compute CTAs behind the senders start only once they finish. Per launch:
 //   1. every CTA makes the op handshake (device/op_sequence.cuh): every peer runs this call, and has
 //      finished the previous one, so nothing still reads the receive slots stores land in;
 //   2. sender c, for each step s < W - 1, forwards piece c, c + senders, ... of step s's block (its
 //      own K/V at step 0, then what rank - 1 sent) into rank + 1's receive slot for step s + 1, and
 //      raises the piece's landing flag there; from step 1 on it first waits for the piece to land here;
-//   3. a compute CTA runs its query tile against step 0's block (its own K/V), then each later step's,
+//   3. a compute CTA takes query tiles (tile, head, batch) from a work queue in the plan's order
+//      (heaviest first), and runs each against step 0's block (its own K/V), then each later step's,
 //      its producer waiting for the pieces of a key tile to land (then a proxy fence, for TMA) before
 //      loading it. Under the causal mask with the zigzag sharding, the plan names the (query half,
-//      key half) pairs a step computes, full or on the diagonal (ring_attention/plan.h).
+//      key half) pairs a step computes, full or on the diagonal (ring_attention/plan.h). A CTA per
+//      tile instead cost about 6 us per tile (its handshake, ticket and op_end are a chain of global
+//      memory round trips), 9% of causal attention at S_local = 8192 on one GPU.
 // All flags grow across calls (op number x 128 + step), so a captured graph replays correctly.
 #pragma once
 
@@ -35,13 +38,14 @@ struct RingAttentionParams {
   const char* k;        // this rank's K and V, [B, rows_k, Hkv, D]
   const char* v;
   uint64_t recv;        // heap offset of the receive slots, [W - 1][K, V][B, rows_recv, Hkv, D]
-  int32_t senders;      // CTAs that forward blocks (0 for one rank); the rest compute plan.query_tile
+  int32_t senders;      // CTAs that forward blocks (0 for one rank); the rest compute plan.query_tile()s, taken from a queue
 };
 
 namespace ring_attention_detail {
 
-// This CTA's role for op number `op`: 0, 1, ... in the order CTAs get here. The word holds (op <<
-// 32 | count), so a count an aborted call left behind is void in the next call.
+// The next number of op `op` from a counter: 0, 1, ... in the order callers get here (CTAs' roles,
+// compute CTAs' tiles). The word holds (op << 32 | count), so a count an aborted call left behind is
+// void in the next call.
 __device__ inline int take_ticket(unsigned long long* word, uint64_t op) {
   const unsigned long long tag = (op & 0xffffffffull) << 32;
   unsigned long long seen = *reinterpret_cast<volatile unsigned long long*>(word), assumed;
@@ -104,6 +108,28 @@ struct RingSchedule {
     }
     // TMA (the async proxy) must see what the sender's SM stores (the generic proxy) wrote.
     if (fresh) asm volatile("fence.proxy.async.global;" ::: "memory");
+  }
+};
+
+// A persistent compute CTA's tiles (attention_engine's Source): the next query tile of the queue, in
+// the plan's order, until none is left.
+struct RingSource {
+  static constexpr bool kOneTile = false;
+  const RingAttentionPlan& plan;
+  const device::NvlinkTransport& transport;
+  const device::WaitContext& wait;
+  RingAttentionFlags* flags;
+  uint64_t op;
+
+  __device__ attention_engine::QueryTile next() {
+    const int64_t x = take_ticket(&flags->tiles, op);
+    return x < plan.work_tiles() ? engine_tile(plan.query_tile(x)) : attention_engine::QueryTile{};
+  }
+  __device__ static attention_engine::QueryTile engine_tile(const RingAttentionPlan::QueryTile& q) {
+    return attention_engine::QueryTile{q.batch, q.head, q.row0, q.rows, q.offset, q.half};
+  }
+  __device__ RingSchedule schedule(const attention_engine::QueryTile& tile) const {
+    return RingSchedule{plan, tile.part, transport, wait, flags, op};
   }
 };
 
@@ -195,7 +221,11 @@ __device__ void send(const RingAttentionParams<Config>& p, RingAttentionFlags& f
 
 }  // namespace ring_attention_detail
 
-template <class Config>
+// kPersistent: one compute CTA per SM, taking query tiles from a queue (RingSource), for the causal
+// mask, under which tiles differ in work and a CTA per tile paid its start and end (the op handshake,
+// the role ticket, op_end) about 6 us per wave; else one compute CTA per query tile (persistent CTAs
+// were 3.5% slower there at S = 16384 on one GPU). bench/results/NOTES.md, fourteenth session.
+template <class Config, bool kPersistent>
 __global__ void __launch_bounds__(Config::kThreads, 1)
     ring_attention_kernel(const __grid_constant__ RingAttentionParams<Config> p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -214,17 +244,14 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   } else {
     extern __shared__ __align__(1024) char smem[];
     auto& shared = *reinterpret_cast<typename Config::SharedStorage*>(smem);
-    const RingAttentionPlan& plan = p.plan;
-    const int64_t x = role - p.senders;
-    if (x >= plan.query_ctas()) {  // the one CTA of an empty call
-      device::op_end(t);
-      return;
+    if constexpr (kPersistent) {
+      RingSource source{p.plan, t, p.wait, &flags, op};
+      attention_engine::attention_tiles<Config, RingSource, 56, 224>(p.attn, source, shared);
+    } else if (const int64_t x = role - p.senders; x < p.plan.work_tiles()) {  // else the one CTA of an empty call
+      const attention_engine::QueryTile tile = RingSource::engine_tile(p.plan.query_tile(x));
+      attention_engine::OneTile<RingSchedule> source{tile, RingSchedule{p.plan, tile.part, t, p.wait, &flags, op}};
+      attention_engine::attention_tiles<Config, decltype(source), 48, 224>(p.attn, source, shared);
     }
-    const RingAttentionPlan::QueryTile q = plan.query_tile(x);  // heaviest first (plan.h)
-    const attention_engine::QueryTile tile{q.batch, q.head, q.row0, q.rows, q.offset};
-    const int half = q.half;
-    RingSchedule schedule{plan, half, t, p.wait, &flags, op};
-    attention_engine::attention_cta<Config, RingSchedule, 48, 224>(p.attn, schedule, tile, shared);
     // The producer's warp comes back diverged (one lane issued the loads): reconverge it before
     // op_end's __syncthreads, an aligned barrier every lane of a warp must reach together.
     __syncwarp();

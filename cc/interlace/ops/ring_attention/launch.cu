@@ -18,8 +18,9 @@ using detail::concat;
 constexpr int kSenders = 16;
 constexpr int kMaxSenders = 128;
 
-// The launch's shape: sender CTAs, then a CTA per (query tile, head, batch); at least one CTA, so that
-// an empty call still takes its place in the op sequence.
+// The launch's shape: sender CTAs, then a compute CTA per SM (fewer where there are fewer query
+// tiles), which take the tiles from a queue; at least one CTA, so that an empty call still takes its
+// place in the op sequence. The compute CTAs behind the senders start as the senders finish.
 struct RingGrid {
   int32_t senders = 0;
   int64_t ctas = 1;
@@ -29,14 +30,16 @@ struct RingGrid {
 // consumer registers), else 128. launch's dispatch follows plan.tile_k, so the two cannot differ.
 int key_tile(const AttentionProblem& a, bool causal) { return !causal && a.head_dim == 128 ? 176 : 128; }
 
-RingGrid ring_grid(const RingAttentionPlan& plan, int sender_ctas) {
+RingGrid ring_grid(const RingAttentionPlan& plan, int sender_ctas, int num_sms) {
   RingGrid g;
   g.senders = plan.world > 1 ? std::min(sender_ctas > 0 ? sender_ctas : kSenders, plan.pieces()) : 0;
-  g.ctas = std::max<int64_t>(1, g.senders + plan.query_ctas());
+  // Under the causal mask a persistent compute CTA per SM (ring_attention_kernel), else one per tile.
+  g.ctas = std::max<int64_t>(1, g.senders + (plan.causal ? std::min<int64_t>(plan.work_tiles(), num_sms)
+                                                          : plan.work_tiles()));
   return g;
 }
 
-template <class Element, int kHeadDim, int kTileK>
+template <class Element, int kHeadDim, int kTileK, bool kPersistent>
 void launch(OpCall& call, Group& group, const AttentionProblem& a, const RingAttentionPlan& plan, const RingGrid& grid,
             uint64_t signature, uint64_t recv, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
             const TensorView* lse) {
@@ -77,7 +80,7 @@ void launch(OpCall& call, Group& group, const AttentionProblem& a, const RingAtt
   static_assert(Config::kTileQ == 128, "the plan's tile_q");
   p.senders = grid.senders;
   call.launch([&](cudaStream_t s) {  // within launch: a failure here aborts the group, as peers run
-    auto kernel = ring_attention_kernel<Config>;
+    auto kernel = ring_attention_kernel<Config, kPersistent>;
     const int smem = static_cast<int>(sizeof(typename Config::SharedStorage));
     IL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     kernel<<<static_cast<unsigned>(grid.ctas), Config::kThreads, smem, s>>>(p);
@@ -112,8 +115,11 @@ void ring_attention(Group& group, const TensorView& q, const TensorView& k, cons
              a.seq_q, seq_len > 0 ? "" : " (pass seq_len, the global length, where 2 x world_size does not divide it)");
     IL_CHECK(sender_ctas >= 0 && sender_ctas <= kMaxSenders, "ring_attention: sender_ctas ", sender_ctas,
              " is out of range: 0 (automatic, ", kSenders, ") to ", kMaxSenders);
-    grid = ring_grid(plan, sender_ctas);
-    IL_CHECK(grid.ctas < (int64_t{1} << 31), "ring_attention: ", grid.ctas, " CTAs are more than one launch takes");
+    // The queue's tickets are ints, and every compute CTA takes one past the last tile: keep them all
+    // far below 2^31.
+    IL_CHECK(plan.work_tiles() < (int64_t{1} << 30), "ring_attention: ", plan.work_tiles(),
+             " query tiles (128 rows of one head and batch each) are more than one call takes");
+    grid = ring_grid(plan, sender_ctas, group.num_sms());
     const int64_t elem = 2;
     const uint64_t bytes = static_cast<uint64_t>(std::max(topo.world_size - 1, 0)) * 2 * a.batch *
                            plan.max_local_rows() * a.heads_kv * a.head_dim * elem;
@@ -125,11 +131,16 @@ void ring_attention(Group& group, const TensorView& q, const TensorView& k, cons
   });
   // An empty call still runs its kernel (the handshake alone): every call takes its place in the op
   // sequence on every rank.
+  // Persistent compute CTAs under the causal mask (as ring_grid sized the grid); 128 x 176 tiles
+  // only without it, 128 x 128 at D = 128 only with it (key_tile).
   auto by_dim = [&](auto element) {
     using E = decltype(element);
-    if (a.head_dim == 64) return launch<E, 64, 128>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse);
-    if (plan.tile_k == 176) return launch<E, 128, 176>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse);
-    launch<E, 128, 128>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse);
+    if (a.head_dim == 64) {
+      return causal ? launch<E, 64, 128, true>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse)
+                    : launch<E, 64, 128, false>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse);
+    }
+    if (plan.tile_k == 176) return launch<E, 128, 176, false>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse);
+    launch<E, 128, 128, true>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse);
   };
   a.dtype == AttentionDtype::kBf16 ? by_dim(cutlass::bfloat16_t{}) : by_dim(cutlass::half_t{});
 }

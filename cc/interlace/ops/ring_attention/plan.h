@@ -169,8 +169,9 @@ struct RingAttentionPlan {
     return (b * heads_kv + h) * pieces_per_head() + static_cast<int32_t>(row / flag_rows);
   }
 
-  // ---- The compute CTAs' query tiles, tile_q rows each, a CTA per (tile, head, batch). Causal: every
-  // CTA of the rank's second halves (a late chunk, which sees far more keys) before any of its first;
+  // ---- The compute CTAs' query tiles, tile_q rows each, one per (tile, head, batch), in the order the
+  // CTAs take them from their queue. Causal: every tile of the rank's second halves (a late chunk,
+  // which sees far more keys) before any of its first;
   // within a half, per (batch, head) together (they read the same K/V), the last tiles (the most of
   // the diagonal) first. Non-causal: the shard whole, as half 0.
   IL_HOST_DEVICE int64_t query_rows(int32_t h) const {
@@ -179,10 +180,10 @@ struct RingAttentionPlan {
   IL_HOST_DEVICE int32_t query_tiles(int32_t h) const {
     return static_cast<int32_t>((query_rows(h) + tile_q - 1) / tile_q);
   }
-  IL_HOST_DEVICE int64_t query_ctas() const {
+  IL_HOST_DEVICE int64_t work_tiles() const {
     return static_cast<int64_t>(query_tiles(0) + query_tiles(1)) * heads_q * batch;
   }
-  // The x-th compute CTA's tile, 0 <= x < query_ctas(): local rows [row0, row0 + min(rows, tile_q)) of
+  // The x-th tile taken, 0 <= x < work_tiles(): local rows [row0, row0 + min(rows, tile_q)) of
   // (batch, head), rows counting to the end of its half; offset: row0's offset within the half.
   struct QueryTile {
     int32_t batch, head, half, row0, rows, offset;
@@ -214,6 +215,7 @@ struct RingAttentionFlags {
   // start (senders first: they must be running before anyone waits for them), and a count left by
   // an aborted call is void in the next.
   unsigned long long ticket;
+  unsigned long long tiles;  // local: (op number << 32 | query tiles taken), the compute CTAs' queue
 };
 
 // Checks the arguments (W in 1 .. kRingAttentionMaxRanks, 0 <= rank < W, S >= 0 and under 2^31
