@@ -45,10 +45,11 @@ for causal, sk in ((False, 200), (True, 130)):
 # ring attention under the causal mask (its persistent compute CTAs): each rank's 600 rows are its
 # two zigzag chunks of 300 (chunks RANK and 2W-1-RANK), 3 query tiles each, so 6 per head x 32 heads,
 # more than the SMs: some CTAs run two tiles one after the other (the hand-off of Q and of the
-# tile); every rank's K/V from its seed, for the reference.
+# tile); every rank's K/V from its seed, for the reference. GQA (4 K/V heads) keeps the receive slots
+# at (W - 1) x 1.2 MiB of the heap at any world size.
 def ring_inputs(q):
     g = torch.Generator(device="cuda").manual_seed(100 + q)
-    return [torch.randn(1, 600, 32, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3)]
+    return [torch.randn(1, 600, heads, 128, device="cuda", dtype=torch.bfloat16, generator=g) for heads in (32, 4, 4)]
 
 
 def ring_chunk(t, c):  # global chunk c of tensor t (1: K, 2: V), from its owner's shard
@@ -61,8 +62,8 @@ out = torch.full_like(q, float("nan"))
 interlace.ring_attention(q, k, v, out, group, causal=True)
 torch.cuda.synchronize()
 group.check()
-keys = torch.cat([ring_chunk(1, c) for c in range(2 * WORLD)], 1)[0].float()
-values = torch.cat([ring_chunk(2, c) for c in range(2 * WORLD)], 1)[0].float()
+keys = torch.cat([ring_chunk(1, c) for c in range(2 * WORLD)], 1)[0].float().repeat_interleave(8, 1)
+values = torch.cat([ring_chunk(2, c) for c in range(2 * WORLD)], 1)[0].float().repeat_interleave(8, 1)
 positions = torch.cat([torch.arange(c * 300, (c + 1) * 300, device="cuda") for c in (RANK, 2 * WORLD - 1 - RANK)])
 s = torch.einsum("qhd,khd->hqk", q[0].float(), keys) / 128 ** 0.5
 s = s.masked_fill(torch.arange(keys.shape[0], device="cuda")[None, None, :] > positions[None, :, None], float("-inf"))

@@ -63,10 +63,11 @@ struct QueryTile {
   int32_t batch, head, row0, valid, offset0, part;
 };
 
-// kTileK_: keys per tile. 128 suits the causal mask (the diagonal tile is square). Without the mask,
-// 192 at D = 128 gives each softmax and turn more matmul to hide under (0.91 -> 1.00x of cuDNN at S =
-// 8192, bench/results/NOTES.md); two stages of K and V still fit in shared memory, with 3 KB to spare.
-// Ring attention, whose consumers have 224 registers rather than 240, takes 176 (192 spills there).
+// kTileK_: keys per tile. 192 at D = 128 gives each softmax and turn more matmul to hide under than
+// 128 (without the mask 0.91 -> 1.00x of cuDNN at S = 8192; with it, where the diagonal then spans up
+// to two masked tiles, 6-8% faster: bench/results/NOTES.md); two stages of K and V still fit in
+// shared memory, with 3 KB to spare. Ring attention, whose consumers have 224 registers rather than
+// 240, takes 176 without the mask (192 spills there) and 128 with it (176 gained nothing there).
 template <class Element_, int kHeadDim_, int kTileK_ = 128>
 struct Config {
   using Element = Element_;
@@ -374,6 +375,7 @@ __device__ __forceinline__ void attention_tiles(const Params<Config>& p, Source&
       if constexpr (!Source::kOneTile) {
         // Both consumers are done with tile n - 1's Q, and have read it from shared memory.
         if (n > 0) cutlass::arch::ClusterBarrier::wait(&shared.q_empty, (n - 1) & 1);
+        asm volatile("" ::: "memory");  // the wait (asm without a memory clobber) before the store
         shared.work = tile;
         asm volatile("" ::: "memory");  // the store above before the arrivals below (which release it)
         if (tile.valid == 0) {
@@ -569,6 +571,7 @@ __device__ __forceinline__ void attention_tiles(const Params<Config>& p, Source&
       pipeline_v.consumer_release(v_state);
       ++v_state;  // the next tile's first V is the next stage (a CTA of one tile never needed this)
     } else if constexpr (!Source::kOneTile) {
+      asm volatile("" ::: "memory");  // the tile read before the arrival that frees it
       cutlass::arch::ClusterBarrier::arrive(&shared.q_empty);
     }
 

@@ -1,7 +1,8 @@
 // Ring attention in one launch: every rank's K/V block travels around the ring over NVLink while the
 // attention engine (attention/sm90_attention.cuh) computes on the blocks that have landed.
 //
-// The grid is a few sender CTAs plus up to one compute CTA per SM. CTAs take their role from a ticket
+// The grid is a few sender CTAs plus the compute CTAs: under the causal mask up to one per SM, each
+// taking query tiles from a queue, else one per query tile. CTAs take their role from a ticket
 // in the order they start, senders first: a sender must be running before anyone waits for it, and
 // the compute CTAs behind the senders start only once they finish. Per launch:
 //   1. every CTA makes the op handshake (device/op_sequence.cuh): every peer runs this call, and has
@@ -9,13 +10,11 @@
 //   2. sender c, for each step s < W - 1, forwards piece c, c + senders, ... of step s's block (its
 //      own K/V at step 0, then what rank - 1 sent) into rank + 1's receive slot for step s + 1, and
 //      raises the piece's landing flag there; from step 1 on it first waits for the piece to land here;
-//   3. a compute CTA takes query tiles (tile, head, batch) from a work queue in the plan's order
-//      (heaviest first), and runs each against step 0's block (its own K/V), then each later step's,
+//   3. a compute CTA takes query tiles (tile, head, batch) in the plan's order (heaviest first), from
+//      a queue or by its role, and runs each against step 0's block (its own K/V), then each later step's,
 //      its producer waiting for the pieces of a key tile to land (then a proxy fence, for TMA) before
 //      loading it. Under the causal mask with the zigzag sharding, the plan names the (query half,
-//      key half) pairs a step computes, full or on the diagonal (ring_attention/plan.h). A CTA per
-//      tile instead cost about 6 us per tile (its handshake, ticket and op_end are a chain of global
-//      memory round trips), 9% of causal attention at S_local = 8192 on one GPU.
+//      key half) pairs a step computes, full or on the diagonal (ring_attention/plan.h).
 // All flags grow across calls (op number x 128 + step), so a captured graph replays correctly.
 #pragma once
 
@@ -38,7 +37,7 @@ struct RingAttentionParams {
   const char* k;        // this rank's K and V, [B, rows_k, Hkv, D]
   const char* v;
   uint64_t recv;        // heap offset of the receive slots, [W - 1][K, V][B, rows_recv, Hkv, D]
-  int32_t senders;      // CTAs that forward blocks (0 for one rank); the rest compute plan.query_tile()s, taken from a queue
+  int32_t senders;      // CTAs that forward blocks (0 for one rank); the rest compute plan.query_tile()s
 };
 
 namespace ring_attention_detail {
@@ -222,9 +221,10 @@ __device__ void send(const RingAttentionParams<Config>& p, RingAttentionFlags& f
 }  // namespace ring_attention_detail
 
 // kPersistent: one compute CTA per SM, taking query tiles from a queue (RingSource), for the causal
-// mask, under which tiles differ in work and a CTA per tile paid its start and end (the op handshake,
-// the role ticket, op_end) about 6 us per wave; else one compute CTA per query tile (persistent CTAs
-// were 3.5% slower there at S = 16384 on one GPU). bench/results/NOTES.md, fourteenth session.
+// mask, under which a tile averages half the work and a CTA per tile paid its start and end (the op
+// handshake, the role ticket, op_end: a chain of global memory round trips) on every tile: the queue
+// made the causal ring 0.5-4% faster on one GPU. Else one compute CTA per query tile: persistent CTAs
+// were 4-6.5% slower there at S = 16384 on one GPU. bench/results/NOTES.md, fourteenth session.
 template <class Config, bool kPersistent>
 __global__ void __launch_bounds__(Config::kThreads, 1)
     ring_attention_kernel(const __grid_constant__ RingAttentionParams<Config> p) {

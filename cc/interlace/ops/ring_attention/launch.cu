@@ -18,11 +18,13 @@ using detail::concat;
 constexpr int kSenders = 16;
 constexpr int kMaxSenders = 128;
 
-// The launch's shape: sender CTAs, then a compute CTA per SM (fewer where there are fewer query
-// tiles), which take the tiles from a queue; at least one CTA, so that an empty call still takes its
-// place in the op sequence. The compute CTAs behind the senders start as the senders finish.
+// The launch's shape: sender CTAs, then the compute CTAs: persistent ones (ring_attention_kernel's
+// kPersistent, under the causal mask), one per SM or fewer where there are fewer query tiles, which
+// take the tiles from a queue; else one per query tile. At least one CTA, so that an empty call still
+// takes its place in the op sequence. The compute CTAs behind the senders start as these finish.
 struct RingGrid {
   int32_t senders = 0;
+  bool persistent = false;  // the launch runs ring_attention_kernel<Config, true>
   int64_t ctas = 1;
 };
 
@@ -33,9 +35,9 @@ int key_tile(const AttentionProblem& a, bool causal) { return !causal && a.head_
 RingGrid ring_grid(const RingAttentionPlan& plan, int sender_ctas, int num_sms) {
   RingGrid g;
   g.senders = plan.world > 1 ? std::min(sender_ctas > 0 ? sender_ctas : kSenders, plan.pieces()) : 0;
-  // Under the causal mask a persistent compute CTA per SM (ring_attention_kernel), else one per tile.
-  g.ctas = std::max<int64_t>(1, g.senders + (plan.causal ? std::min<int64_t>(plan.work_tiles(), num_sms)
-                                                          : plan.work_tiles()));
+  g.persistent = plan.causal != 0;
+  g.ctas = std::max<int64_t>(1, g.senders + (g.persistent ? std::min<int64_t>(plan.work_tiles(), num_sms)
+                                                            : plan.work_tiles()));
   return g;
 }
 
@@ -120,6 +122,9 @@ void ring_attention(Group& group, const TensorView& q, const TensorView& k, cons
     IL_CHECK(plan.work_tiles() < (int64_t{1} << 30), "ring_attention: ", plan.work_tiles(),
              " query tiles (128 rows of one head and batch each) are more than one call takes");
     grid = ring_grid(plan, sender_ctas, group.num_sms());
+    // by_dim below has a kernel for each (head_dim, tile_k, persistent) that key_tile and ring_grid give.
+    IL_CHECK(a.head_dim == 64 || grid.persistent == (plan.tile_k == 128), "ring_attention: no kernel for ",
+             plan.tile_k, "-key tiles with persistent=", grid.persistent);
     const int64_t elem = 2;
     const uint64_t bytes = static_cast<uint64_t>(std::max(topo.world_size - 1, 0)) * 2 * a.batch *
                            plan.max_local_rows() * a.heads_kv * a.head_dim * elem;
@@ -131,13 +136,13 @@ void ring_attention(Group& group, const TensorView& q, const TensorView& k, cons
   });
   // An empty call still runs its kernel (the handshake alone): every call takes its place in the op
   // sequence on every rank.
-  // Persistent compute CTAs under the causal mask (as ring_grid sized the grid); 128 x 176 tiles
-  // only without it, 128 x 128 at D = 128 only with it (key_tile).
+  // Persistent compute CTAs where ring_grid sized the grid for them; 128 x 176 tiles only without
+  // the causal mask, 128 x 128 at D = 128 only with it (key_tile), so only those two kernels exist.
   auto by_dim = [&](auto element) {
     using E = decltype(element);
     if (a.head_dim == 64) {
-      return causal ? launch<E, 64, 128, true>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse)
-                    : launch<E, 64, 128, false>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse);
+      return grid.persistent ? launch<E, 64, 128, true>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse)
+                             : launch<E, 64, 128, false>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse);
     }
     if (plan.tile_k == 176) return launch<E, 128, 176, false>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse);
     launch<E, 128, 128, true>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse);
