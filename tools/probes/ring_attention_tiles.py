@@ -1,9 +1,10 @@
 """Probe, world size 1 on one GPU: ring_attention at shapes chosen by how many query tiles each compute
 CTA gets, each in its own process under a timeout (run_ranks: a hang shows as "killed after 20 s"),
-so that the next shape still runs. Against fp32 SDPA, out poisoned first. Written for branch
-wip/persistent-ring, whose persistent compute CTAs hung on a CTA's second tile
-(bench/results/NOTES.md, thirteenth session): at S = 600 there are 5 query tiles per head, so 1
-head gives 5 tiles (one per CTA) and 26 or 27 heads 130 or 135 (over 132 SMs: some CTAs take two).
+so that the next shape still runs. Against fp32 SDPA, out poisoned first. Written when the persistent
+compute CTAs (causal calls since the fourteenth session) hung on a CTA's second tile
+(bench/results/NOTES.md, thirteenth session). Under the causal mask S = 600 is two zigzag halves of
+300 rows, 3 query tiles each: 6 tiles per head, so 22 heads give 132 (one per CTA on 132 SMs) and 23
+give 138 (some CTAs take two). Without the mask (a CTA per tile) 5 tiles per head.
 Run on the GPU machine:
 PYTHONPATH=<wheel dir> python3 tools/probes/ring_attention_tiles.py [S:heads:causal ...]"""
 import sys
@@ -11,7 +12,7 @@ import time
 
 from interlace.bench.launch import run_ranks
 
-SHAPES = ["128:1:0", "600:1:0", "600:26:0", "600:27:0", "600:32:1", "8192:32:1"]
+SHAPES = ["128:1:0", "600:27:0", "600:1:1", "600:22:1", "600:23:1", "600:32:1", "8192:32:1"]
 TIMEOUT_S = 20
 
 
