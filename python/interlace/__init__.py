@@ -136,7 +136,7 @@ def gemm(a, b, out, *, stream=None, band_m=0, tile_n=0, cluster_m=0, pingpong=Tr
             band_m=band_m, tile_n=tile_n, cluster_m=cluster_m, pingpong=pingpong)
 
 
-def grouped_gemm(a, b, out, rows, *, stream=None, cluster_m=0, tile_n=0):
+def grouped_gemm(a, b, out, rows, *, stream=None, cluster_m=0, tile_n=0, swap=None):
     """G GEMMs in one launch, a mixture of experts' FFN matmul on the tokens each expert received:
     out[g, :rows[g]] = a[g, :rows[g]] @ b[g] for every group g. a is [G, C, K] (C rows per group, the
     capacity), b [G, K, N] with N or K contiguous (Linear weights w [G, N, K] go in as
@@ -146,14 +146,18 @@ def grouped_gemm(a, b, out, rows, *, stream=None, cluster_m=0, tile_n=0):
     past rows[g] are left as they are. Rows and group strides 16-byte aligned (K and N multiples of 8);
     out may not overlap a, b or rows. Stream-ordered and CUDA-graph capturable. tile_n: 128 (128 x 128
     tiles, ping-pong) or 256 (128 x 256, cooperative); cluster_m, 1 or 2, is how many CTAs share each
-    load of b[g]; 0: automatic (tile_n 256 and cluster_m 1 where C <= 384, else 128 and 2). Raises
-    interlace.Error before any GPU work on bad arguments."""
+    load of b[g]; 0: automatic (tile_n 256 and cluster_m 1 where C <= 384, else 128 and 2). swap: True
+    computes out[g]^T = b[g]^T a[g]^T instead, a group's rows across 160-wide tiles and 128 of N down
+    them (b K-major only; cluster_m and tile_n left 0); None: where b is K-major, 256 < C <= 320 and
+    K > N, with the other settings automatic (two such tiles cover C, where 128-row tiles take three,
+    each reading b[g] again); False: never. Raises interlace.Error before any GPU work on bad arguments."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: interlace.grouped_gemm writes into out")
     if stream is None:
         stream = _frameworks.current_stream(out, a, b)
     _C.grouped_gemm(_frameworks.as_dlpack(a), _frameworks.as_dlpack(b), _frameworks.as_dlpack(out),
-                    _frameworks.as_dlpack(rows), stream=stream, cluster_m=cluster_m, tile_n=tile_n)
+                    _frameworks.as_dlpack(rows), stream=stream, cluster_m=cluster_m, tile_n=tile_n,
+                    swap={None: 0, True: 1, False: -1}[swap])
 
 
 def _check_scale(op, softmax_scale):

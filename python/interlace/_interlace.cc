@@ -362,13 +362,14 @@ NB_MODULE(_interlace, m) {
 
   m.def("grouped_gemm",
         [](nb::ndarray<nb::ro> a, nb::ndarray<nb::ro> b, nb::ndarray<> out, nb::ndarray<nb::ro> rows,
-           uintptr_t stream, int cluster_m, int tile_n) {
+           uintptr_t stream, int cluster_m, int tile_n, int swap) {
           TensorView va = view_of(a), vb = view_of(b), vo = view_of(out), vr = view_of(rows);
           nb::gil_scoped_release release;
-          grouped_gemm(va, vb, vo, vr, reinterpret_cast<cudaStream_t>(stream), GroupedGemmTuning{cluster_m, tile_n});
+          grouped_gemm(va, vb, vo, vr, reinterpret_cast<cudaStream_t>(stream),
+                       GroupedGemmTuning{cluster_m, tile_n, swap});
         },
         "a"_a.noconvert(), "b"_a.noconvert(), "out"_a.noconvert(), "rows"_a.noconvert(), nb::kw_only(), "stream"_a,
-        "cluster_m"_a = 0, "tile_n"_a = 0);
+        "cluster_m"_a = 0, "tile_n"_a = 0, "swap"_a = 0);
 
   m.def("attention",
         [](nb::ndarray<nb::ro> q, nb::ndarray<nb::ro> k, nb::ndarray<nb::ro> v, nb::ndarray<> out,

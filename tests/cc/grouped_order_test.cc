@@ -110,6 +110,89 @@ TEST(GroupedOrder, AGroupsColumnsRunOneAfterAnother) {
   EXPECT_EQ(walked, expected);
 }
 
+// SwappedGroupedOrder, walked as TileWalk walks it (no clusters): every (group, weight-tile row, row
+// tile) the counts call for, once, in equal shares; a group's row tiles of one weight-tile row next to
+// each other (they read the same tile of b[g]).
+TEST(SwappedGroupedOrder, TheWalksTogetherTakeEachTileOnceInEqualShares) {
+  std::mt19937 rng(11);
+  for (auto [groups, capacity, n, tile_rows] : {std::tuple{1, 1, 8, 160}, {4, 300, 300, 160}, {128, 320, 4096, 160},
+                                                {8, 500, 136, 160}, {3, 1000, 2048, 256}}) {
+    std::vector<int32_t> rows(groups);
+    for (auto& r : rows) r = static_cast<int32_t>(rng() % (2 * capacity + 1)) - capacity / 4;  // below 0, past C
+    rows[0] = 0;
+    const SwappedGroupedOrder::Params p = SwappedGroupedOrder::make(rows.data(), capacity, n, tile_rows);
+    EXPECT_EQ(p.tiles_m, (n + 127) / 128);
+    std::set<Tile> expected;  // (group, weight-tile row, row tile)
+    for (int32_t g = 0; g < groups; ++g) {
+      const int32_t used = std::min(std::max(rows[g], 0), capacity);
+      EXPECT_EQ(SwappedGroupedOrder::rows_of(p, g), used);
+      for (int32_t w = 0; w < p.tiles_m; ++w) {
+        for (int32_t t = 0; t * tile_rows < used; ++t) expected.emplace(g, w, t);
+      }
+    }
+    ASSERT_EQ(SwappedGroupedOrder::count(p, groups), static_cast<int32_t>(expected.size()));
+    for (int32_t step : {1, 7, 132}) {
+      std::set<Tile> seen;
+      int32_t fewest = INT32_MAX, most = 0;
+      for (int32_t first = 0; first < step; ++first) {
+        SwappedGroupedOrder::Cursor at;
+        int32_t taken = 0;
+        for (int32_t i = first; i < SwappedGroupedOrder::count(p, groups); i += step, ++taken) {
+          int32_t m_idx = -1, n_idx = -1, group = -1, row = -1;
+          SwappedGroupedOrder::tile(p, i, at, m_idx, n_idx);
+          SwappedGroupedOrder::locate(p, m_idx, group, row);
+          EXPECT_TRUE(seen.emplace(group, row, n_idx).second) << "a tile taken twice, position " << i;
+        }
+        fewest = std::min(fewest, taken);
+        most = std::max(most, taken);
+      }
+      EXPECT_EQ(seen, expected) << groups << " groups of " << capacity << ", walks of " << step;
+      EXPECT_LE(most - fewest, 1) << "walks of " << step << " get unequal shares";
+    }
+  }
+  // Row tiles of one weight-tile row next to each other: 1 group of 500 rows in 160-row tiles (4 of
+  // them), 2 weight-tile rows.
+  const std::vector<int32_t> rows = {500};
+  const SwappedGroupedOrder::Params p = SwappedGroupedOrder::make(rows.data(), 500, 256, 160);
+  std::vector<std::pair<int32_t, int32_t>> walked;
+  SwappedGroupedOrder::Cursor at;
+  for (int32_t i = 0; i < SwappedGroupedOrder::count(p, 1); ++i) {
+    int32_t m_idx, n_idx;
+    SwappedGroupedOrder::tile(p, i, at, m_idx, n_idx);
+    walked.emplace_back(m_idx, n_idx);
+  }
+  const std::vector<std::pair<int32_t, int32_t>> expected = {{0, 0}, {0, 1}, {0, 2}, {0, 3},
+                                                             {1, 0}, {1, 1}, {1, 2}, {1, 3}};
+  EXPECT_EQ(walked, expected);
+}
+
+// Where grouped_gemm swaps: automatically for K-major b with 256 < C <= 320, K > N and no setting
+// given; swap = 1 wherever it can (else an error), -1 never.
+TEST(GroupedGemmTuning, TheSwappedProblemWhereTwoOfItsTilesCoverC) {
+  auto rows = [](int cluster_m, int tile_n, int swap, bool k_major, int64_t capacity, int64_t k = 7168,
+                 int64_t n = 4096) {
+    return swapped_tile_rows(GroupedGemmTuning{cluster_m, tile_n, swap}, k_major, capacity, k, n);
+  };
+  EXPECT_EQ(rows(0, 0, 0, true, 320), 160);
+  EXPECT_EQ(rows(0, 0, 0, true, 257), 160);
+  EXPECT_EQ(rows(0, 0, 0, true, 256), 0);
+  EXPECT_EQ(rows(0, 0, 0, true, 321), 0);
+  EXPECT_EQ(rows(0, 0, 0, true, 320, 2048, 7168), 0);  // K <= N: slower at 0.8 C
+  EXPECT_EQ(rows(0, 0, 0, true, 320, 4096, 4096), 0);
+  EXPECT_EQ(rows(0, 0, 0, false, 320), 0);  // b N-contiguous
+  EXPECT_EQ(rows(2, 0, 0, true, 320), 0);   // a setting given: the unswapped problem
+  EXPECT_EQ(rows(0, 256, 0, true, 320), 0);
+  EXPECT_EQ(rows(0, 0, -1, true, 320), 0);
+  EXPECT_EQ(rows(0, 0, 1, true, 1), 160);
+  EXPECT_EQ(rows(0, 0, 1, true, 4096, 64, 8192), 160);  // any C, K and N, in as many row tiles as it takes
+  EXPECT_NE(error_of([&] { rows(0, 0, 1, false, 100); }).find("grouped_gemm: the swapped problem takes b K-major"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { rows(0, 128, 1, true, 100); }).find("cluster_m and tile_n must stay 0 (got 0 and 128)"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { rows(0, 0, 2, true, 100); }).find("swap must be 0 (automatic), 1 or -1 (never), got 2"),
+            std::string::npos);
+}
+
 // The automatic tiles: 128 x 256 without pairs where a group has at most three tile rows (C <= 384),
 // pairs of 128 x 128 elsewhere; a setting given is kept, and an automatic cluster_m follows tile_n.
 TEST(GroupedGemmTuning, AutomaticSettingsFollowTheCapacity) {

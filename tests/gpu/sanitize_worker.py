@@ -28,6 +28,21 @@ for m, n, k in ((1, 8, 8), (130, 136, 72), (257, 264, 200)):
     torch.cuda.synchronize()
     err = ((out.float() - a.float() @ b.float()).norm() / (a.float() @ b.float()).norm()).item()
     assert err < 1e-2, f"gemm {m}x{n}x{k}: relative error {err}"
+# grouped_gemm, swapped (a group's rows across one 320-wide tile) and not: groups with no rows, a
+# tail of rows, rows past C (clamped).
+for swap in (True, False):
+    a = torch.randn(3, 300, 200, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(3, 136, 200, device="cuda", dtype=torch.bfloat16)
+    rows = torch.tensor([0, 77, 400], dtype=torch.int32, device="cuda")
+    out = torch.zeros(3, 300, 136, device="cuda", dtype=torch.bfloat16)
+    interlace.grouped_gemm(a, w.transpose(1, 2), out, rows, swap=swap)
+    torch.cuda.synchronize()
+    for g, r in enumerate((0, 77, 300)):
+        ref = a[g, :r].float() @ w[g].float().t()
+        assert not out[g, r:].any(), f"grouped_gemm swap={swap}: rows past group {g}'s count written"
+        if r:
+            err = ((out[g, :r].float() - ref).norm() / ref.norm()).item()
+            assert err < 1e-2, f"grouped_gemm swap={swap} group {g}: relative error {err}"
 # attention: 192-key tiles (D = 128 without the mask) with a ragged last one, and the causal 128s.
 for causal, sk in ((False, 200), (True, 130)):
     q = torch.randn(1, 130, 2, 128, device="cuda", dtype=torch.bfloat16)

@@ -145,6 +145,28 @@ def test_every_cluster_variant(tuning, g, c, k, n, dtype):
     check_every_layout_and_row_pattern(g, c, k, n, dtype, seed=g * 7919 + c * 31 + k + n, **tuning)
 
 
+# The swapped problem (swap=True: b K-major, a group's rows across 160-wide tiles), which runs
+# automatically where 256 < C <= 320 and K > N: C from one row to past three tiles, N and K with tails,
+# many groups.
+SWAPPED_SHAPES = [(1, 1, 8, 8, BF16), (3, 100, 1000, 136, FP16), (2, 129, 7168, 520, BF16), (8, 256, 64, 2048, FP16),
+                  (5, 300, 1000, 136, BF16), (4, 320, 7168, 2048, BF16), (128, 320, 64, 8, FP16),
+                  (128, 257, 1000, 136, BF16), (2, 500, 200, 264, BF16)]
+
+
+@pytest.mark.parametrize("g,c,k,n,dtype", SWAPPED_SHAPES)
+@pytest.mark.parametrize("swap", [True, None], ids=["swap", "automatic"])
+def test_swapped_problem(g, c, k, n, dtype, swap):
+    seed = g * 7907 + c * 37 + k * 3 + n
+    a, w, ref = make(g, c, k, n, dtype, seed)
+    gen = torch.Generator().manual_seed(seed)
+    for pattern in ROW_PATTERNS:
+        counts = row_counts(pattern, g, c, gen)
+        rows = torch.tensor(counts, dtype=torch.int32, device="cuda")
+        out = poisoned((g, c, n), dtype)
+        interlace.grouped_gemm(a, w.transpose(1, 2), out, rows, swap=swap)
+        check(out, ref, counts, f"swap={swap} G={g} C={c} K={k} N={n} {dtype}, rows {pattern} {counts[:8]}")
+
+
 def test_bad_tuning_raises():
     a, w, _ = make(2, 64, 64, 64, BF16, 1)
     rows = torch.full((2,), 64, dtype=torch.int32, device="cuda")
@@ -153,6 +175,10 @@ def test_bad_tuning_raises():
         interlace.grouped_gemm(a, w.transpose(1, 2), out, rows, cluster_m=3)
     with pytest.raises(interlace.Error, match="tile_n must be 0 .automatic., 128 or 256, got 64"):
         interlace.grouped_gemm(a, w.transpose(1, 2), out, rows, tile_n=64)
+    with pytest.raises(interlace.Error, match="the swapped problem takes b K-major"):
+        interlace.grouped_gemm(a, w.transpose(1, 2).contiguous(), out, rows, swap=True)
+    with pytest.raises(interlace.Error, match="cluster_m and tile_n must stay 0"):
+        interlace.grouped_gemm(a, w.transpose(1, 2), out, rows, swap=True, cluster_m=2)
     torch.cuda.synchronize()
     assert bool((out.view(torch.int16) == -1).all()), "a refused call wrote into out"
 

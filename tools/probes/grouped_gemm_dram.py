@@ -5,7 +5,7 @@ read by CTAs of separate clusters comes from HBM about once per CTA; only TMA mu
 cluster shares it). Run on the GPU machine, one method at a time:
   PYTHONPATH=<wheel dir> ncu --metrics dram__bytes_read.sum,gpu__time_duration.sum -k regex:'gemm|nvjet' \\
       -s 1 -c 1 python3 tools/probes/grouped_gemm_dram.py METHOD
-METHOD: auto (grouped_gemm's automatic tiles), bmm, dense (interlace.gemm on 8192 rows), or
+METHOD: auto (grouped_gemm's automatic tiles), swap or noswap (swap=True / False), bmm, dense (interlace.gemm on 8192 rows), or
 x<rows>:<cluster_m>:<tile_n> (every group using <rows> rows, with that tiling)."""
 import sys
 
@@ -23,8 +23,8 @@ def main(method):
     out = torch.empty(G, C, N, device="cuda", dtype=torch.bfloat16)
     rows = torch.full((G,), C, device="cuda", dtype=torch.int32)
     for _ in range(2):  # ncu -s 1 skips the first
-        if method == "auto":
-            interlace.grouped_gemm(a, w.transpose(1, 2), out, rows)
+        if method in ("auto", "swap", "noswap"):
+            interlace.grouped_gemm(a, w.transpose(1, 2), out, rows, swap={"auto": None, "swap": True}.get(method, False))
         elif method.startswith("x"):
             r, cluster_m, tile_n = map(int, method[1:].split(":"))
             interlace.grouped_gemm(a, w.transpose(1, 2), out, torch.full_like(rows, r), cluster_m=cluster_m,

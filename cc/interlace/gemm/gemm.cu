@@ -41,32 +41,6 @@ void launch(const GemmProblem& p, const TensorView& a, const TensorView& b, cons
                                   num_sms);
 }
 
-// out[M, N] from the swapped problem's tile: accumulator (r, c) is out[c, r].
-template <class Element>
-struct StoreTransposedTile {
-  struct Params {
-    Element* out;
-    int64_t ldc;
-  };
-
-  // m, n: the swapped problem's (out's N and M).
-  template <class TileShape, class Accumulators, class TiledMma>
-  __device__ __forceinline__ static void store(const Params& p, const Accumulators& accum, const TiledMma& tiled_mma,
-                                               int thread_idx, int m_idx, int n_idx, int /*k_run*/, int m, int n) {
-    using namespace cute;
-    Tensor coords = make_identity_tensor(make_shape(m, n));
-    Tensor tile_coords =
-        tiled_mma.get_thread_slice(thread_idx).partition_C(local_tile(coords, take<0, 2>(TileShape{}),
-                                                                      make_coord(m_idx, n_idx)));
-    CUTE_UNROLL
-    for (int i = 0; i < size(accum); ++i) {
-      const int row = get<0>(tile_coords(i));
-      const int col = get<1>(tile_coords(i));
-      if (row < m && col < n) p.out[col * p.ldc + row] = Element(accum(i));
-    }
-  }
-};
-
 // Decode sizes (decode_swap_tile_n) with a Linear weight (b K-major): out^T = b^T a^T on the engine,
 // so that N fills 64-row tiles, one per CTA on up to every SM, and M is the wgmmas' narrow side
 // (kTileN: 64 for M <= 64, else 128). With M as the tiles' rows, 64 CTAs computed
@@ -77,7 +51,7 @@ void launch_swapped(const GemmProblem& p, const TensorView& a, const TensorView&
                     cudaStream_t stream, int num_sms) {
   using Config = gemm_engine::Sm90GemmConfig<Element, /*kBKMajor=*/true, kTileN, /*kClusterM=*/1,
                                              /*kPingpong=*/true, /*kTileM=*/64>;
-  launch_engine<Config, StoreTransposedTile<Element>>(transposed(p), b.data, a.data,
+  launch_engine<Config, gemm_engine::StoreTransposedTile<Element>>(transposed(p), b.data, a.data,
                                                       {static_cast<Element*>(out.data), p.ldc}, /*band_m=*/1, stream,
                                                       num_sms);
 }

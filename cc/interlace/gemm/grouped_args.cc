@@ -45,6 +45,25 @@ void check_grouped_gemm_tuning(const GroupedGemmTuning& tuning, const char* op) 
            ": cluster_m must be 0 (automatic), 1 or 2, got ", tuning.cluster_m);
   IL_CHECK(tuning.tile_n == 0 || tuning.tile_n == 128 || tuning.tile_n == 256, op,
            ": tile_n must be 0 (automatic), 128 or 256, got ", tuning.tile_n);
+  IL_CHECK(tuning.swap >= -1 && tuning.swap <= 1, op, ": swap must be 0 (automatic), 1 or -1 (never), got ",
+           tuning.swap);
+  IL_CHECK(tuning.swap != 1 || (tuning.cluster_m == 0 && tuning.tile_n == 0), op,
+           ": the swapped problem chooses its own tiles; cluster_m and tile_n must stay 0 (got ",
+           tuning.cluster_m, " and ", tuning.tile_n, ")");
+}
+
+int swapped_tile_rows(const GroupedGemmTuning& tuning, bool b_k_major, int64_t capacity, int64_t k, int64_t n,
+                      const char* op) {
+  check_grouped_gemm_tuning(tuning, op);
+  if (tuning.swap == 1) {
+    IL_CHECK(b_k_major, op, ": the swapped problem takes b K-major (Linear weights w [G, N, K] passed as "
+             "w.transpose(1, 2)); this b is N-contiguous");
+    return kSwappedGroupedRows;
+  }
+  const bool automatic = tuning.swap == 0 && tuning.cluster_m == 0 && tuning.tile_n == 0;
+  return automatic && b_k_major && capacity > 256 && capacity <= 2 * kSwappedGroupedRows && k > n
+             ? kSwappedGroupedRows
+             : 0;
 }
 
 GroupedGemmTuning resolved_grouped_gemm_tuning(GroupedGemmTuning tuning, int64_t capacity, const char* op) {

@@ -30,7 +30,24 @@ struct GroupedGemmTuning {
   int tile_n = 0;     // 128: 128 x 128 tiles, ping-pong (a warpgroup's epilogue beside the other's math);
                       // 256: 128 x 256, cooperative (both warpgroups on one tile: half the loads of B
                       // per flop)
+  int swap = 0;       // 1: the swapped problem (swapped_tile_rows), -1: never, 0: automatic; with 1,
+                      // cluster_m and tile_n stay 0
 };
+
+// The swapped problem's tile width: a group's rows across the tiles' 160-wide side (one 160-wide wgmma),
+// against 128 of b's N on their rows. (320, two of them, would read each tile of b[g] once at C <= 320,
+// but a TMA box spans at most 256 rows.)
+constexpr int kSwappedGroupedRows = 160;
+
+// The tiles' width where grouped_gemm runs the swapped problem (SwappedGroupedOrder), else 0.
+// Automatically where b is K-major (Linear weights), 256 < C <= 320 and K > N: there the unswapped
+// problem has three 128-row tiles per column, whose CTAs each read b[g] from HBM, where two swapped
+// tiles cover C exactly. Measured at G 128, C 320 (bench/results/NOTES.md, fifteenth session): with
+// K 7168 > N 4096 1.43x at full groups, 1.05x at 0.8 C, 0.90x at C / 8; with K 2048 < N 7168 1.17x,
+// 0.95x and 0.95x, hence K > N. Raises where swap is 1 and the problem cannot (b not K-major, or
+// cluster_m or tile_n set).
+int swapped_tile_rows(const GroupedGemmTuning& tuning, bool b_k_major, int64_t capacity, int64_t k, int64_t n,
+                      const char* op = "grouped_gemm");
 
 // Raises unless every setting is one grouped_gemm has (op: the name errors give).
 void check_grouped_gemm_tuning(const GroupedGemmTuning& tuning, const char* op = "grouped_gemm");

@@ -32,6 +32,29 @@ struct GroupedStore {
   }
 };
 
+// The swapped problem's tile into its group: out[g] at g * group_stride, transposed (the tile's rows
+// are out's columns), columns past the group's count left alone.
+template <class Element>
+struct SwappedGroupedStore {
+  struct Params {
+    Element* out;
+    int64_t ldc;
+    int64_t group_stride;
+    SwappedGroupedOrder::Params order;
+  };
+
+  // m: N (the swapped problem's rows).
+  template <class TileShape, class Accumulators, class TiledMma>
+  __device__ __forceinline__ static void store(const Params& p, const Accumulators& accum, const TiledMma& tiled_mma,
+                                               int thread_idx, int m_idx, int n_idx, int k_run, int m, int /*n*/) {
+    int32_t group, row;
+    SwappedGroupedOrder::locate(p.order, m_idx, group, row);
+    const typename gemm_engine::StoreTransposedTile<Element>::Params out{p.out + group * p.group_stride, p.ldc};
+    gemm_engine::StoreTransposedTile<Element>::template store<TileShape>(
+        out, accum, tiled_mma, thread_idx, row, n_idx, k_run, m, SwappedGroupedOrder::rows_of(p.order, group));
+  }
+};
+
 // K = 0: each group's rows are an empty sum. Block (g, y) zeroes rows y, y + gridDim.y, ... of group g.
 template <class Element>
 __global__ void zero_rows_kernel(Element* out, int64_t ldc, int64_t group_stride, GroupedOrder::Params order,
@@ -61,6 +84,38 @@ void launch(const GroupedGemmProblem& p, const TensorView& a, const TensorView& 
   gemm_engine::launch_kernel<Config>(kernel, params, ctas, stream);
 }
 
+// out[g]^T = b[g]^T a[g]^T: b[g] (K-major, so [N, K] row-major) is the engine's A, 128 of N per tile
+// row; a[g] its B, a group's rows across kTileRows-wide tiles (SwappedGroupedOrder). Cooperative:
+// each consumer warpgroup holds 64 x kTileRows accumulators.
+template <class Element, int kTileRows>
+void launch_swapped(const GroupedGemmProblem& p, const TensorView& a, const TensorView& b, const TensorView& out,
+                    const SwappedGroupedOrder::Params& order, cudaStream_t stream, int num_sms) {
+  using Config = gemm_engine::Sm90GemmConfig<Element, /*kBKMajor=*/true, kTileRows, /*kClusterM=*/1,
+                                             /*kPingpong=*/false>;
+  static_assert(Config::kTileM == SwappedGroupedOrder::kTileM, "the order counts the engine's tiles");
+  using Epilogue = SwappedGroupedStore<Element>;
+  using Params = gemm_engine::GemmParams<Config, SwappedGroupedOrder, gemm_engine::NoInputWait, Epilogue>;
+  constexpr auto kernel = gemm_engine::sm90_gemm_kernel<Config, SwappedGroupedOrder, gemm_engine::NoInputWait, Epilogue>;
+  GemmProblem one;  // one group's swapped problem: N rows, C columns
+  one.m = p.n;
+  one.n = p.capacity;
+  one.k = p.k;
+  one.lda = p.ldb;  // b[g] K-major: n's row of K is ldb apart
+  one.ldb = p.lda;  // a[g]'s rows, K-major
+  Params params{};
+  params.mainloop = gemm_engine::mainloop_params<Config>(one, b.data, a.data, static_cast<int>(p.groups), p.group_b,
+                                                         p.group_a);
+  params.m = static_cast<int32_t>(p.n);
+  params.n = static_cast<int32_t>(p.capacity);
+  params.k = static_cast<int32_t>(p.k);
+  params.groups = static_cast<int32_t>(p.groups);
+  params.order = order;
+  params.num_tiles = static_cast<int32_t>(p.groups * order.tiles_m * ((p.capacity + kTileRows - 1) / kTileRows));
+  params.epilogue = {static_cast<Element*>(out.data), p.ldc, p.group_out, order};
+  const int ctas = std::min(params.num_tiles, num_sms);
+  gemm_engine::launch_kernel<Config>(kernel, params, ctas, stream);
+}
+
 }  // namespace
 
 void grouped_gemm(const TensorView& a, const TensorView& b, const TensorView& out, const TensorView& rows,
@@ -70,9 +125,12 @@ void grouped_gemm(const TensorView& a, const TensorView& b, const TensorView& ou
   IL_CUDA_CHECK(cudaGetDevice(&device));
   if (a.device.device_type == kDLCUDA) device = a.device.device_id;
   const GroupedGemmProblem p = check_grouped_gemm_args(a, b, out, rows, device);
+  const int swapped_rows = swapped_tile_rows(tuning, p.b_k_major, p.capacity, p.k, p.n);
   tuning = resolved_grouped_gemm_tuning(tuning, p.capacity);
   require_hopper(device, "grouped_gemm");
   const GroupedOrder::Params order = checked_grouped_order(p, tuning, static_cast<const int32_t*>(rows.data));
+  const SwappedGroupedOrder::Params swapped_order =
+      SwappedGroupedOrder::make(static_cast<const int32_t*>(rows.data), p.capacity, p.n, swapped_rows);
 
   DeviceGuard guard(device);
   if (p.groups == 0 || p.capacity == 0 || p.n == 0) return;
@@ -85,6 +143,8 @@ void grouped_gemm(const TensorView& a, const TensorView& b, const TensorView& ou
       zero_rows_kernel<Element><<<grid, 256, 0, stream>>>(static_cast<Element*>(out.data), p.ldc, p.group_out, order,
                                                           static_cast<int32_t>(p.n));
       IL_CUDA_CHECK(cudaGetLastError());
+    } else if (swapped_rows != 0) {
+      launch_swapped<Element, kSwappedGroupedRows>(p, a, b, out, swapped_order, stream, num_sms);
     } else {
       with_grouped_tiling(p.b_k_major, tuning, [&](auto b_k_major, auto cluster, auto tile_n) {
         launch<Element, b_k_major, cluster, tile_n>(p, a, b, out, order, stream, num_sms);

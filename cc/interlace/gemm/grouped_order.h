@@ -85,4 +85,72 @@ struct GroupedOrder {
   }
 };
 
+// The swapped grouped GEMM's tile order (grouped_gemm.cu: out[g]^T = b[g]^T a[g]^T, so that b[g]'s N
+// runs down the tiles' 128 rows and a group's rows across their tile_rows-wide side). Each tile of
+// b[g] is read by as many CTAs as the group has row tiles, and each of them reads it from HBM (L2
+// does not share it between separate CTAs; bench/results/NOTES.md, fifteenth session): two for C <=
+// 320 in 160-wide tiles, where 128-row tiles take three. Positions run densely over the groups with
+// any rows, and within a group over its weight-tile rows, each with the group's row tiles side by
+// side. The engine's tile row m_idx is g * tiles_m + (weight-tile row), its column n_idx the row tile
+// within the group.
+struct SwappedGroupedOrder {
+  struct Params {
+    const int32_t* rows = nullptr;  // [G] on the GPU: the rows each group uses (clamped to capacity)
+    int32_t capacity = 0;           // C
+    int32_t tile_rows = 0;          // a group's rows per tile: the tiles' width
+    int32_t tiles_m = 0;            // weight-tile rows per group: ceil(N / kTileM)
+  };
+
+  static constexpr int32_t kTileM = 128;  // the engine's tile height, over N
+
+  static Params make(const int32_t* rows, int64_t capacity, int64_t n, int tile_rows) {
+    Params p;
+    p.rows = rows;
+    p.capacity = static_cast<int32_t>(capacity);
+    p.tile_rows = tile_rows;
+    p.tiles_m = static_cast<int32_t>((n + kTileM - 1) / kTileM);
+    return p;
+  }
+
+  IL_HOST_DEVICE static inline int32_t rows_of(const Params& p, int32_t g) {
+    const int32_t r = p.rows[g];
+    return r < 0 ? 0 : r < p.capacity ? r : p.capacity;
+  }
+
+  // Row tiles group g uses, side by side: one where C <= tile_rows and the group has any rows.
+  IL_HOST_DEVICE static inline int32_t used_row_tiles(const Params& p, int32_t g) {
+    return (rows_of(p, g) + p.tile_rows - 1) / p.tile_rows;
+  }
+
+  IL_HOST_DEVICE static inline int32_t count(const Params& p, int32_t groups) {
+    int32_t n = 0;
+    for (int32_t g = 0; g < groups; ++g) n += used_row_tiles(p, g) * p.tiles_m;
+    return n;
+  }
+
+  struct Cursor {
+    int32_t group = 0;
+    int32_t first = 0;
+  };
+
+  // Position i (i < count, and at least the last i this cursor saw) to its tile.
+  IL_HOST_DEVICE static inline void tile(const Params& p, int32_t i, Cursor& at, int32_t& m_idx, int32_t& n_idx) {
+    int32_t used = used_row_tiles(p, at.group);
+    while (i >= at.first + used * p.tiles_m) {
+      at.first += used * p.tiles_m;
+      used = used_row_tiles(p, ++at.group);
+    }
+    const int32_t in_group = i - at.first;
+    const int32_t weight_row = in_group / used;
+    m_idx = at.group * p.tiles_m + weight_row;
+    n_idx = in_group - weight_row * used;
+  }
+
+  // An engine tile row to its group and its weight-tile row within the group.
+  IL_HOST_DEVICE static inline void locate(const Params& p, int32_t m_idx, int32_t& group, int32_t& row) {
+    group = m_idx / p.tiles_m;
+    row = m_idx - group * p.tiles_m;
+  }
+};
+
 }  // namespace interlace

@@ -87,4 +87,31 @@ struct StoreTile {
   }
 };
 
+// For a swapped problem (out^T = b^T a^T on the engine): out[M, N] from its tile, accumulator (r, c)
+// being out[c, r]; one element at a time, skipping what lies past the swapped problem's m or n.
+template <class Element>
+struct StoreTransposedTile {
+  struct Params {
+    Element* out;
+    int64_t ldc;
+  };
+
+  // m, n: the swapped problem's (out's N and M).
+  template <class TileShape, class Accumulators, class TiledMma>
+  __device__ __forceinline__ static void store(const Params& p, const Accumulators& accum, const TiledMma& tiled_mma,
+                                               int thread_idx, int m_idx, int n_idx, int /*k_run*/, int m, int n) {
+    using namespace cute;
+    Tensor coords = make_identity_tensor(make_shape(m, n));
+    Tensor tile_coords =
+        tiled_mma.get_thread_slice(thread_idx).partition_C(local_tile(coords, take<0, 2>(TileShape{}),
+                                                                      make_coord(m_idx, n_idx)));
+    CUTE_UNROLL
+    for (int i = 0; i < size(accum); ++i) {
+      const int row = get<0>(tile_coords(i));
+      const int col = get<1>(tile_coords(i));
+      if (row < m && col < n) p.out[col * p.ldc + row] = Element(accum(i));
+    }
+  }
+};
+
 }  // namespace interlace::gemm_engine

@@ -5,6 +5,10 @@
 #include <type_traits>
 
 #include "cute/tensor.hpp"
+// The extended wgmma shapes (WideAtom), without CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, which would
+// change the builder's choices for every other tile.
+#include "cute/arch/mma_sm90_gmma_ext.hpp"
+#include "cute/atom/mma_traits_sm90_gmma_ext.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/dispatch_policy.hpp"
@@ -38,6 +42,38 @@ struct PingpongSchedule {
   __device__ static constexpr int walker(int consumer_group) { return consumer_group; }
 };
 
+// The wgmma of a tile kTileN wide where the builder's choice is not the best: 160 (the swapped grouped
+// GEMM's, grouped_gemm.cu), which the builder, without CUTLASS's extended shapes, cuts into 32-wide
+// wgmmas that each read the A slice again from shared memory; one 160-wide one instead. Both
+// operands K-major (b K-major is what that tile takes). void: the builder's.
+template <class Element, int kTileN>
+struct WideAtom {
+  using type = void;
+};
+template <>
+struct WideAtom<cutlass::bfloat16_t, 160> {
+  using type = cute::SM90::GMMA::MMA_64x160x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>;
+};
+template <>
+struct WideAtom<cutlass::half_t, 160> {
+  using type = cute::SM90::GMMA::MMA_64x160x16_F32F16F16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>;
+};
+
+// The builder's mainloop with another TiledMma (the same stages, copies and shared-memory layouts).
+template <class Built, class Atom, class AtomLayout>
+struct WithAtom {
+  using type = cutlass::gemm::collective::CollectiveMma<
+      typename Built::DispatchPolicy, typename Built::TileShape, typename Built::ElementA, typename Built::StrideA,
+      typename Built::ElementB, typename Built::StrideB, decltype(cute::make_tiled_mma(Atom{}, AtomLayout{})),
+      typename Built::GmemTiledCopyA, typename Built::SmemLayoutAtomA, typename Built::SmemCopyAtomA,
+      typename Built::TransformA, typename Built::GmemTiledCopyB, typename Built::SmemLayoutAtomB,
+      typename Built::SmemCopyAtomB, typename Built::TransformB>;
+};
+template <class Built, class AtomLayout>
+struct WithAtom<Built, void, AtomLayout> {
+  using type = Built;
+};
+
 // Element: cutlass::bfloat16_t or cutlass::half_t. kBKMajor: B is stored K-contiguous (a Linear
 // weight [N, K]); otherwise N-contiguous ([K, N] row-major). kTileN_: 256, or 128 where 256-wide
 // tiles would leave much of the last wave idle (choose_tile_n).
@@ -51,6 +87,9 @@ struct Sm90GemmConfig {
   using Element = Element_;
   static constexpr bool kBKMajor = kBKMajor_;
   static_assert(kTileM_ == 128 || (kTileM_ == 64 && kPingpong_), "64-row tiles are ping-pong's only");
+  // CuTe makes one TMA box of a tile's rows, and a box spans at most 256: past that the descriptor
+  // fails to encode, which CUTLASS only prints, and the kernel waits forever for its loads.
+  static_assert(kTileN_ <= 256, "a tile wider than 256 needs TMA boxes CuTe does not make");
 
   // kTileM x kTileN output tiles (cooperative: shared by two consumer warpgroups, 64 rows each),
   // 64-deep K slices.
@@ -63,11 +102,15 @@ struct Sm90GemmConfig {
   using LayoutB = std::conditional_t<kBKMajor, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
 
   // The epilogue writes from registers, so the mainloop may take all of shared memory for stages.
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, 8, Element, LayoutB, 8, float, TileShape,
       ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<sizeof(cutlass::OrderedSequenceBarrier<2, 2>::SharedStorage)>,
       typename Schedule::Cutlass>::CollectiveOp;
+  static_assert(std::is_void_v<typename WideAtom<Element, kTileN_>::type> || (kBKMajor_ && !kPingpong_),
+                "the wide wgmmas are SS with both operands K-major, on cooperative tiles");
+  using Mainloop = typename WithAtom<BuiltMainloop, typename WideAtom<Element, kTileN_>::type,
+                                     cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>>::type;
   using TiledMma = typename Mainloop::TiledMma;
   using Pipeline = typename Mainloop::MainloopPipeline;
   using PipelineState = typename Mainloop::PipelineState;
