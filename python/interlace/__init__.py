@@ -153,6 +153,8 @@ def grouped_gemm(a, b, out, rows, *, stream=None, cluster_m=0, tile_n=0, swap=No
     each reading b[g] again); False: never. Raises interlace.Error before any GPU work on bad arguments."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: interlace.grouped_gemm writes into out")
+    if swap is not None and not isinstance(swap, bool):
+        raise TypeError(f"grouped_gemm: swap must be None (automatic), True or False; got {swap!r}")
     if stream is None:
         stream = _frameworks.current_stream(out, a, b)
     _C.grouped_gemm(_frameworks.as_dlpack(a), _frameworks.as_dlpack(b), _frameworks.as_dlpack(out),
@@ -351,7 +353,8 @@ def moe_gemm_combine(act, w, handle, group, *, out, stream=None, cluster_m=0, ti
     """The experts' second FFN matmul fused with moe_combine, in one launch: for each local expert l and
     each row r it kept in moe_dispatch(..., handle), act[l C + r] @ w[l] is computed and sent straight
     from the GEMM's epilogue to its token's home rank, where out [T, hidden] bf16 is then summed as
-    moe_combine sums it. The same bits as grouped_gemm into an expert_out followed by moe_combine.
+    moe_combine sums it. The same bits as grouped_gemm(swap=False) into an expert_out followed by
+    moe_combine.
     act: [recv_rows, F] bf16 in expert_x's layout (F: the FFN width); w: [L, F, hidden] bf16 (Linear
     weights [L, hidden, F] go in as w.transpose(1, 2)). The handle's capacity_kind must be
     "per_expert". cluster_m and tile_n as grouped_gemm's. Collective, stream-ordered, graph-capturable; raises

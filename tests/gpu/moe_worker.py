@@ -476,7 +476,8 @@ def check_fused(group, case, handle, row_of, ffn, k_major=True, stream=None, **t
     act, w = fused_inputs(case, RANK, torch.from_dlpack(handle.expert_rows).cpu(), ffn)
     act, b = act.cuda(), as_b(w.cuda(), k_major)
     expert_out = torch.full((handle.recv_rows, case.hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
-    interlace.grouped_gemm(act.view(L, C, -1), b, expert_out.view(L, C, -1), torch.from_dlpack(handle.expert_rows))
+    interlace.grouped_gemm(act.view(L, C, -1), b, expert_out.view(L, C, -1), torch.from_dlpack(handle.expert_rows),
+                           swap=False)
     want = new_out(case)
     interlace.moe_combine(expert_out, handle, group, out=want)
     out = new_out(case)
@@ -544,7 +545,8 @@ def scenario_gemm_combine():
     act, w = fused_inputs(case, RANK, torch.from_dlpack(handle.expert_rows).cpu(), 136)
     act, b = act.cuda(), as_b(w.cuda(), True)
     expert_out = torch.full((handle.recv_rows, case.hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
-    interlace.grouped_gemm(act.view(L, C, -1), b, expert_out.view(L, C, -1), torch.from_dlpack(handle.expert_rows))
+    interlace.grouped_gemm(act.view(L, C, -1), b, expert_out.view(L, C, -1), torch.from_dlpack(handle.expert_rows),
+                           swap=False)
     outs = [new_out(case) for _ in range(3)]
     torch.cuda.synchronize()
     if RANK == 0:

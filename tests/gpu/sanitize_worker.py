@@ -28,7 +28,7 @@ for m, n, k in ((1, 8, 8), (130, 136, 72), (257, 264, 200)):
     torch.cuda.synchronize()
     err = ((out.float() - a.float() @ b.float()).norm() / (a.float() @ b.float()).norm()).item()
     assert err < 1e-2, f"gemm {m}x{n}x{k}: relative error {err}"
-# grouped_gemm, swapped (a group's rows across one 320-wide tile) and not: groups with no rows, a
+# grouped_gemm, swapped (a group's rows across two 160-wide tiles) and not: groups with no rows, a
 # tail of rows, rows past C (clamped).
 for swap in (True, False):
     a = torch.randn(3, 300, 200, device="cuda", dtype=torch.bfloat16)

@@ -146,8 +146,9 @@ def test_every_cluster_variant(tuning, g, c, k, n, dtype):
 
 
 # The swapped problem (swap=True: b K-major, a group's rows across 160-wide tiles), which runs
-# automatically where 256 < C <= 320 and K > N: C from one row to past three tiles, N and K with tails,
-# many groups.
+# automatically where 256 < C <= 320 and K > N (here (5, 300, ...), (4, 320, ...), (128, 320, ...) and
+# (128, 257, ...); the other automatic cases check the rule's other side): C from one row to past three
+# tiles, N and K with tails, many groups.
 SWAPPED_SHAPES = [(1, 1, 8, 8, BF16), (3, 100, 1000, 136, FP16), (2, 129, 7168, 520, BF16), (8, 256, 64, 2048, FP16),
                   (5, 300, 1000, 136, BF16), (4, 320, 7168, 2048, BF16), (128, 320, 64, 8, FP16),
                   (128, 257, 1000, 136, BF16), (2, 500, 200, 264, BF16)]
@@ -179,6 +180,8 @@ def test_bad_tuning_raises():
         interlace.grouped_gemm(a, w.transpose(1, 2).contiguous(), out, rows, swap=True)
     with pytest.raises(interlace.Error, match="cluster_m and tile_n must stay 0"):
         interlace.grouped_gemm(a, w.transpose(1, 2), out, rows, swap=True, cluster_m=2)
+    with pytest.raises(TypeError, match="swap must be None .automatic., True or False; got 0"):
+        interlace.grouped_gemm(a, w.transpose(1, 2), out, rows, swap=0)
     torch.cuda.synchronize()
     assert bool((out.view(torch.int16) == -1).all()), "a refused call wrote into out"
 
@@ -196,9 +199,10 @@ def test_one_group_of_views_whose_group_stride_is_unused():
     check(out, reference(a, b), counts, "one group of unsqueezed views")
 
 
-def test_strided_views():
+@pytest.mark.parametrize("swap", [None, True], ids=["automatic", "swap"])
+def test_strided_views(swap):
     """a and out as views into bigger buffers: row strides past K and N, group strides past C rows;
-    what lies outside the views is left alone."""
+    what lies outside the views is left alone. Also on the swapped problem, where a and b trade roles."""
     g, c, k, n = 6, 150, 264, 136
     a_big = torch.randn(g, c + 20, k + 40, device="cuda", dtype=BF16)
     a = a_big[:, 10:10 + c, :k]
@@ -208,8 +212,8 @@ def test_strided_views():
     out = out_big[:, 1:1 + c, 8:8 + n]
     counts = [0, 1, 77, 150, 149, 1000]
     rows = torch.tensor(counts, dtype=torch.int32, device="cuda")
-    interlace.grouped_gemm(a, w.transpose(1, 2), out, rows)
-    check(out, reference(a, w.transpose(1, 2)), counts, "strided views")
+    interlace.grouped_gemm(a, w.transpose(1, 2), out, rows, swap=swap)
+    check(out, reference(a, w.transpose(1, 2)), counts, f"strided views, swap={swap}")
     outside = torch.ones(out_big.shape, dtype=torch.bool, device="cuda")
     outside[:, 1:1 + c, 8:8 + n] = False
     assert bool((out_big.view(torch.int16)[outside] == -1).all()), "wrote outside out's view"

@@ -349,9 +349,17 @@ def test_the_python_wrapper_forwards_every_tensor_the_stream_and_the_tuning(monk
     a, b, out, rows = f16(4, 64, 32), f16(4, 32, 16), f16(4, 64, 16), counts(4)
     interlace.grouped_gemm(a, b, out, rows)  # numpy tensors: no framework stream, the legacy default one
     interlace.grouped_gemm(a, b, out, rows, stream=7, cluster_m=1, tile_n=256)
-    assert [s for _, s, _ in calls] == [0, 7]
-    assert calls[0][2] == {"cluster_m": 0, "tile_n": 0}
-    assert calls[1][2] == {"cluster_m": 1, "tile_n": 256}
+    interlace.grouped_gemm(a, b, out, rows, stream=7, swap=True)
+    interlace.grouped_gemm(a, b, out, rows, stream=7, swap=False)
+    assert [s for _, s, _ in calls] == [0, 7, 7, 7]
+    assert calls[0][2] == {"cluster_m": 0, "tile_n": 0, "swap": 0}  # swap None: automatic
+    assert calls[1][2] == {"cluster_m": 1, "tile_n": 256, "swap": 0}
+    assert calls[2][2] == {"cluster_m": 0, "tile_n": 0, "swap": 1}
+    assert calls[3][2] == {"cluster_m": 0, "tile_n": 0, "swap": -1}
+    for bad in (0, 1, "yes"):  # 0 would read as False, "never", where 0 means automatic elsewhere
+        with pytest.raises(TypeError, match="swap must be None .automatic., True or False"):
+            interlace.grouped_gemm(a, b, out, rows, swap=bad)
+    assert len(calls) == 4
     assert all(x is y for x, y in zip(calls[0][0], (a, b, out, rows)))
     with pytest.raises(TypeError, match="JAX arrays are immutable: interlace.grouped_gemm writes into out"):
         interlace.grouped_gemm(a, b, FakeJaxArray(), rows)

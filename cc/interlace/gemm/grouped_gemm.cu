@@ -7,6 +7,7 @@
 #include "interlace/gemm/grouped_order.h"
 #include "interlace/gemm/launch.cuh"
 #include "interlace/gemm/sm90_gemm_tma_warpspecialized.cuh"
+#include "interlace/gemm/tile_plan.h"
 
 namespace interlace {
 namespace {
@@ -125,12 +126,20 @@ void grouped_gemm(const TensorView& a, const TensorView& b, const TensorView& ou
   IL_CUDA_CHECK(cudaGetDevice(&device));
   if (a.device.device_type == kDLCUDA) device = a.device.device_id;
   const GroupedGemmProblem p = check_grouped_gemm_args(a, b, out, rows, device);
-  const int swapped_rows = swapped_tile_rows(tuning, p.b_k_major, p.capacity, p.k, p.n);
+  // An empty problem runs nothing, whatever b's layout (its strides may not say one).
+  const bool empty = p.groups == 0 || p.capacity == 0 || p.n == 0 || p.k == 0;
+  const int swapped_rows = swapped_tile_rows(tuning, p.b_k_major || empty, p.capacity, p.k, p.n);
   tuning = resolved_grouped_gemm_tuning(tuning, p.capacity);
   require_hopper(device, "grouped_gemm");
   const GroupedOrder::Params order = checked_grouped_order(p, tuning, static_cast<const int32_t*>(rows.data));
   const SwappedGroupedOrder::Params swapped_order =
       SwappedGroupedOrder::make(static_cast<const int32_t*>(rows.data), p.capacity, p.n, swapped_rows);
+  if (swapped_rows != 0) {
+    const int64_t tiles = p.groups * swapped_order.tiles_m * ((p.capacity + swapped_rows - 1) / swapped_rows);
+    IL_CHECK(tiles <= kMaxGemmTiles, "grouped_gemm: ", p.groups, " groups of ", swapped_order.tiles_m, " x ",
+             (p.capacity + swapped_rows - 1) / swapped_rows, " swapped tiles are more than the ", kMaxGemmTiles,
+             " supported");
+  }
 
   DeviceGuard guard(device);
   if (p.groups == 0 || p.capacity == 0 || p.n == 0) return;
