@@ -86,6 +86,16 @@ GroupedOrder::Params checked_grouped_order(const GroupedGemmProblem& p, const Gr
   return order;
 }
 
+SwappedGroupedOrder::Params checked_swapped_order(const GroupedGemmProblem& p, int swapped_rows, const int32_t* rows,
+                                                  int32_t* tiles) {
+  const SwappedGroupedOrder::Params order = SwappedGroupedOrder::make(rows, p.capacity, p.n, swapped_rows);
+  const int64_t row_tiles = (p.capacity + swapped_rows - 1) / swapped_rows;
+  IL_CHECK(p.groups * order.tiles_m * row_tiles <= kMaxGemmTiles, "grouped_gemm: ", p.groups, " groups of ",
+           order.tiles_m, " x ", row_tiles, " swapped tiles are more than the ", kMaxGemmTiles, " supported");
+  *tiles = static_cast<int32_t>(p.groups * order.tiles_m * row_tiles);
+  return order;
+}
+
 GroupedGemmProblem check_grouped_gemm_operands(const char* op, const TensorView& a, const TensorView& b,
                                                const TensorView* out_or_null, const TensorView& rows, int device) {
   // Without an out (a fused op's epilogue stores elsewhere) its checks are those of a as out would be.

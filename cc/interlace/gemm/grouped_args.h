@@ -86,6 +86,12 @@ GroupedGemmProblem check_grouped_gemm_args(const TensorView& a, const TensorView
 GroupedOrder::Params checked_grouped_order(const GroupedGemmProblem& p, const GroupedGemmTuning& resolved,
                                            const int32_t* rows, const char* op = "grouped_gemm");
 
+// The swapped problem's order (swapped_rows: swapped_tile_rows' nonzero width) over the counts `rows`
+// on the GPU, and in `tiles` the positions a launch may have (every group's row tiles); raises where
+// they are more than kMaxGemmTiles.
+SwappedGroupedOrder::Params checked_swapped_order(const GroupedGemmProblem& p, int swapped_rows, const int32_t* rows,
+                                                  int32_t* tiles);
+
 // The same checks for a fused op named `op` whose epilogue stores elsewhere (out_or_null null: no out).
 GroupedGemmProblem check_grouped_gemm_operands(const char* op, const TensorView& a, const TensorView& b,
                                                const TensorView* out_or_null, const TensorView& rows, int device);

@@ -7,7 +7,6 @@
 #include "interlace/gemm/grouped_order.h"
 #include "interlace/gemm/launch.cuh"
 #include "interlace/gemm/sm90_gemm_tma_warpspecialized.cuh"
-#include "interlace/gemm/tile_plan.h"
 
 namespace interlace {
 namespace {
@@ -90,7 +89,7 @@ void launch(const GroupedGemmProblem& p, const TensorView& a, const TensorView& 
 // each consumer warpgroup holds 64 x kTileRows accumulators.
 template <class Element, int kTileRows>
 void launch_swapped(const GroupedGemmProblem& p, const TensorView& a, const TensorView& b, const TensorView& out,
-                    const SwappedGroupedOrder::Params& order, cudaStream_t stream, int num_sms) {
+                    const SwappedGroupedOrder::Params& order, int32_t tiles, cudaStream_t stream, int num_sms) {
   using Config = gemm_engine::Sm90GemmConfig<Element, /*kBKMajor=*/true, kTileRows, /*kClusterM=*/1,
                                              /*kPingpong=*/false>;
   static_assert(Config::kTileM == SwappedGroupedOrder::kTileM, "the order counts the engine's tiles");
@@ -111,7 +110,7 @@ void launch_swapped(const GroupedGemmProblem& p, const TensorView& a, const Tens
   params.k = static_cast<int32_t>(p.k);
   params.groups = static_cast<int32_t>(p.groups);
   params.order = order;
-  params.num_tiles = static_cast<int32_t>(p.groups * order.tiles_m * ((p.capacity + kTileRows - 1) / kTileRows));
+  params.num_tiles = tiles;
   params.epilogue = {static_cast<Element*>(out.data), p.ldc, p.group_out, order};
   const int ctas = std::min(params.num_tiles, num_sms);
   gemm_engine::launch_kernel<Config>(kernel, params, ctas, stream);
@@ -132,14 +131,10 @@ void grouped_gemm(const TensorView& a, const TensorView& b, const TensorView& ou
   tuning = resolved_grouped_gemm_tuning(tuning, p.capacity);
   require_hopper(device, "grouped_gemm");
   const GroupedOrder::Params order = checked_grouped_order(p, tuning, static_cast<const int32_t*>(rows.data));
+  int32_t swapped_tiles = 0;
   const SwappedGroupedOrder::Params swapped_order =
-      SwappedGroupedOrder::make(static_cast<const int32_t*>(rows.data), p.capacity, p.n, swapped_rows);
-  if (swapped_rows != 0) {
-    const int64_t tiles = p.groups * swapped_order.tiles_m * ((p.capacity + swapped_rows - 1) / swapped_rows);
-    IL_CHECK(tiles <= kMaxGemmTiles, "grouped_gemm: ", p.groups, " groups of ", swapped_order.tiles_m, " x ",
-             (p.capacity + swapped_rows - 1) / swapped_rows, " swapped tiles are more than the ", kMaxGemmTiles,
-             " supported");
-  }
+      swapped_rows != 0 ? checked_swapped_order(p, swapped_rows, static_cast<const int32_t*>(rows.data), &swapped_tiles)
+                        : SwappedGroupedOrder::Params{};
 
   DeviceGuard guard(device);
   if (p.groups == 0 || p.capacity == 0 || p.n == 0) return;
@@ -153,7 +148,7 @@ void grouped_gemm(const TensorView& a, const TensorView& b, const TensorView& ou
                                                           static_cast<int32_t>(p.n));
       IL_CUDA_CHECK(cudaGetLastError());
     } else if (swapped_rows != 0) {
-      launch_swapped<Element, kSwappedGroupedRows>(p, a, b, out, swapped_order, stream, num_sms);
+      launch_swapped<Element, kSwappedGroupedRows>(p, a, b, out, swapped_order, swapped_tiles, stream, num_sms);
     } else {
       with_grouped_tiling(p.b_k_major, tuning, [&](auto b_k_major, auto cluster, auto tile_n) {
         launch<Element, b_k_major, cluster, tile_n>(p, a, b, out, order, stream, num_sms);

@@ -15,6 +15,43 @@
 
 namespace interlace {
 
+// What both grouped orders share: the counts, and the walk over groups of positions.
+namespace grouped_walk {
+
+// Group g's rows, at most C (a count past capacity is the caller's overflow, reported elsewhere).
+IL_HOST_DEVICE inline int32_t rows_of(const int32_t* rows, int32_t capacity, int32_t g) {
+  const int32_t r = rows[g];
+  return r < 0 ? 0 : r < capacity ? r : capacity;
+}
+
+// Where a walk is: group `group`, whose first position is `first`.
+struct Cursor {
+  int32_t group = 0;
+  int32_t first = 0;
+};
+
+// Group g holds units(g) x per_unit positions. The positions of groups 0 .. groups - 1:
+template <class Units>
+IL_HOST_DEVICE inline int32_t count(int32_t groups, int32_t per_unit, Units units) {
+  int32_t n = 0;
+  for (int32_t g = 0; g < groups; ++g) n += units(g) * per_unit;
+  return n;
+}
+
+// Moves the cursor forward to the group holding position i (below the count, and at least the last
+// i this cursor saw) and returns that group's units.
+template <class Units>
+IL_HOST_DEVICE inline int32_t seek(Cursor& at, int32_t i, int32_t per_unit, Units units) {
+  int32_t used = units(at.group);
+  while (i >= at.first + used * per_unit) {
+    at.first += used * per_unit;
+    used = units(++at.group);
+  }
+  return used;
+}
+
+}  // namespace grouped_walk
+
 struct GroupedOrder {
   struct Params {
     const int32_t* rows = nullptr;  // [G] on the GPU: the rows each group uses (clamped to capacity)
@@ -37,10 +74,8 @@ struct GroupedOrder {
     return p;
   }
 
-  // Group g's rows, at most C (a count past capacity is the caller's overflow, reported elsewhere).
   IL_HOST_DEVICE static inline int32_t rows_of(const Params& p, int32_t g) {
-    const int32_t r = p.rows[g];
-    return r < 0 ? 0 : r < p.capacity ? r : p.capacity;
+    return grouped_walk::rows_of(p.rows, p.capacity, g);
   }
 
   // Cluster tile rows group g uses (those that hold any of its rows).
@@ -51,27 +86,18 @@ struct GroupedOrder {
 
   // The positions of this launch: every used cluster tile of every group.
   IL_HOST_DEVICE static inline int32_t count(const Params& p, int32_t groups) {
-    int32_t n = 0;
-    for (int32_t g = 0; g < groups; ++g) n += used_cluster_rows(p, g) * p.tiles_n;
-    return n;
+    return grouped_walk::count(groups, p.tiles_n, [&](int32_t g) { return used_cluster_rows(p, g); });
   }
 
-  // Where a walk is: group `group`, whose first position is `first`.
-  struct Cursor {
-    int32_t group = 0;
-    int32_t first = 0;
-  };
+  using Cursor = grouped_walk::Cursor;
 
   // Position i (i < count, and at least the last i this cursor saw) to its cluster tile: m_idx counts
   // cluster tile rows across groups, so that the engine's tile row m_idx * cluster_m + (CTA in
   // cluster) is g * tile_rows + (tile row in the group). A cluster's later tile rows may lie past the
   // group's rows: TMA reads zeros there, and the store skips them.
   IL_HOST_DEVICE static inline void tile(const Params& p, int32_t i, Cursor& at, int32_t& m_idx, int32_t& n_idx) {
-    int32_t used = used_cluster_rows(p, at.group);
-    while (i >= at.first + used * p.tiles_n) {
-      at.first += used * p.tiles_n;
-      used = used_cluster_rows(p, ++at.group);
-    }
+    const int32_t used =
+        grouped_walk::seek(at, i, p.tiles_n, [&](int32_t g) { return used_cluster_rows(p, g); });
     const int32_t in_group = i - at.first;
     n_idx = in_group / used;
     m_idx = at.group * (p.tile_rows / p.cluster_m) + (in_group - n_idx * used);
@@ -113,8 +139,7 @@ struct SwappedGroupedOrder {
   }
 
   IL_HOST_DEVICE static inline int32_t rows_of(const Params& p, int32_t g) {
-    const int32_t r = p.rows[g];
-    return r < 0 ? 0 : r < p.capacity ? r : p.capacity;
+    return grouped_walk::rows_of(p.rows, p.capacity, g);
   }
 
   // Row tiles group g uses, side by side: one where C <= tile_rows and the group has any rows.
@@ -123,23 +148,14 @@ struct SwappedGroupedOrder {
   }
 
   IL_HOST_DEVICE static inline int32_t count(const Params& p, int32_t groups) {
-    int32_t n = 0;
-    for (int32_t g = 0; g < groups; ++g) n += used_row_tiles(p, g) * p.tiles_m;
-    return n;
+    return grouped_walk::count(groups, p.tiles_m, [&](int32_t g) { return used_row_tiles(p, g); });
   }
 
-  struct Cursor {
-    int32_t group = 0;
-    int32_t first = 0;
-  };
+  using Cursor = grouped_walk::Cursor;
 
   // Position i (i < count, and at least the last i this cursor saw) to its tile.
   IL_HOST_DEVICE static inline void tile(const Params& p, int32_t i, Cursor& at, int32_t& m_idx, int32_t& n_idx) {
-    int32_t used = used_row_tiles(p, at.group);
-    while (i >= at.first + used * p.tiles_m) {
-      at.first += used * p.tiles_m;
-      used = used_row_tiles(p, ++at.group);
-    }
+    const int32_t used = grouped_walk::seek(at, i, p.tiles_m, [&](int32_t g) { return used_row_tiles(p, g); });
     const int32_t in_group = i - at.first;
     const int32_t weight_row = in_group / used;
     m_idx = at.group * p.tiles_m + weight_row;
