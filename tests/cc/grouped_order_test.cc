@@ -110,50 +110,64 @@ TEST(GroupedOrder, AGroupsColumnsRunOneAfterAnother) {
   EXPECT_EQ(walked, expected);
 }
 
-// SwappedGroupedOrder, walked as TileWalk walks it (no clusters): every (group, weight-tile row, row
-// tile) the counts call for, once, in equal shares; a group's row tiles of one weight-tile row next to
-// each other (they read the same tile of b[g]).
+// SwappedGroupedOrder, walked as TileWalk walks it: every (group, weight-tile row, row tile) the counts
+// call for, once, in equal shares, with clusters of 1 and 2 row tiles (CTA r of a cluster tile n takes
+// row tile cluster_n * n + r; a cluster tile's first CTA always has rows); a weight-tile row's cluster
+// tiles next to each other (they read the same tile of b[g]).
 TEST(SwappedGroupedOrder, TheWalksTogetherTakeEachTileOnceInEqualShares) {
   std::mt19937 rng(11);
-  for (auto [groups, capacity, n, tile_rows] : {std::tuple{1, 1, 8, 160}, {4, 300, 300, 160}, {128, 320, 4096, 160},
-                                                {8, 500, 136, 160}, {3, 1000, 2048, 256}}) {
-    std::vector<int32_t> rows(groups);
-    for (auto& r : rows) r = static_cast<int32_t>(rng() % (2 * capacity + 1)) - capacity / 4;  // below 0, past C
-    rows[0] = 0;
-    const SwappedGroupedOrder::Params p = SwappedGroupedOrder::make(rows.data(), capacity, n, tile_rows);
-    EXPECT_EQ(p.tiles_m, (n + 127) / 128);
-    std::set<Tile> expected;  // (group, weight-tile row, row tile)
-    for (int32_t g = 0; g < groups; ++g) {
-      const int32_t used = std::min(std::max(rows[g], 0), capacity);
-      EXPECT_EQ(SwappedGroupedOrder::rows_of(p, g), used);
-      for (int32_t w = 0; w < p.tiles_m; ++w) {
-        for (int32_t t = 0; t * tile_rows < used; ++t) expected.emplace(g, w, t);
-      }
-    }
-    ASSERT_EQ(SwappedGroupedOrder::count(p, groups), static_cast<int32_t>(expected.size()));
-    for (int32_t step : {1, 7, 132}) {
-      std::set<Tile> seen;
-      int32_t fewest = INT32_MAX, most = 0;
-      for (int32_t first = 0; first < step; ++first) {
-        SwappedGroupedOrder::Cursor at;
-        int32_t taken = 0;
-        for (int32_t i = first; i < SwappedGroupedOrder::count(p, groups); i += step, ++taken) {
-          int32_t m_idx = -1, n_idx = -1, group = -1, row = -1;
-          SwappedGroupedOrder::tile(p, i, at, m_idx, n_idx);
-          SwappedGroupedOrder::locate(p, m_idx, group, row);
-          EXPECT_TRUE(seen.emplace(group, row, n_idx).second) << "a tile taken twice, position " << i;
+  for (int32_t cluster_n : {1, 2}) {
+    for (auto [groups, capacity, n, tile_rows] : {std::tuple{1, 1, 8, 160}, {4, 300, 300, 160}, {128, 320, 4096, 160},
+                                                  {8, 500, 136, 160}, {3, 1000, 2048, 256}}) {
+      std::vector<int32_t> rows(groups);
+      for (auto& r : rows) r = static_cast<int32_t>(rng() % (2 * capacity + 1)) - capacity / 4;  // below 0, past C
+      rows[0] = 0;
+      const SwappedGroupedOrder::Params p = SwappedGroupedOrder::make(rows.data(), capacity, n, tile_rows, cluster_n);
+      EXPECT_EQ(p.tiles_m, (n + 127) / 128);
+      std::set<Tile> expected;  // (group, weight-tile row, row tile)
+      int32_t clusters = 0;
+      for (int32_t g = 0; g < groups; ++g) {
+        const int32_t used = std::min(std::max(rows[g], 0), capacity);
+        EXPECT_EQ(SwappedGroupedOrder::rows_of(p, g), used);
+        const int32_t row_tiles = (used + tile_rows - 1) / tile_rows;
+        clusters += (row_tiles + cluster_n - 1) / cluster_n * p.tiles_m;
+        for (int32_t w = 0; w < p.tiles_m; ++w) {
+          for (int32_t r = 0; r < row_tiles; ++r) expected.emplace(g, w, r);
         }
-        fewest = std::min(fewest, taken);
-        most = std::max(most, taken);
       }
-      EXPECT_EQ(seen, expected) << groups << " groups of " << capacity << ", walks of " << step;
-      EXPECT_LE(most - fewest, 1) << "walks of " << step << " get unequal shares";
+      ASSERT_EQ(SwappedGroupedOrder::count(p, groups), clusters);
+      for (int32_t step : {1, 7, 66}) {
+        std::set<Tile> seen;
+        int32_t fewest = INT32_MAX, most = 0;
+        for (int32_t first = 0; first < step; ++first) {
+          SwappedGroupedOrder::Cursor at;
+          int32_t taken = 0;
+          for (int32_t i = first; i < SwappedGroupedOrder::count(p, groups); i += step, ++taken) {
+            int32_t m_idx = -1, cluster_idx = -1, group = -1, row = -1;
+            SwappedGroupedOrder::tile(p, i, at, m_idx, cluster_idx);
+            SwappedGroupedOrder::locate(p, m_idx, group, row);
+            for (int32_t cta = 0; cta < cluster_n; ++cta) {
+              const int32_t row_tile = cluster_idx * cluster_n + cta;
+              const bool has_rows = row_tile * tile_rows < SwappedGroupedOrder::rows_of(p, group);
+              EXPECT_EQ(SwappedGroupedOrder::empty(p, m_idx, row_tile), !has_rows) << "position " << i;
+              if (cta == 0) EXPECT_TRUE(has_rows) << "a cluster tile without rows, position " << i;
+              if (has_rows) {
+                EXPECT_TRUE(seen.emplace(group, row, row_tile).second) << "a tile taken twice";
+              }
+            }
+          }
+          fewest = std::min(fewest, taken);
+          most = std::max(most, taken);
+        }
+        EXPECT_EQ(seen, expected) << groups << " groups of " << capacity << ", clusters of " << cluster_n;
+        EXPECT_LE(most - fewest, 1) << "walks of " << step << " get unequal shares";
+      }
     }
   }
-  // Row tiles of one weight-tile row next to each other: 1 group of 500 rows in 160-row tiles (4 of
-  // them), 2 weight-tile rows.
+  // A weight-tile row's cluster tiles next to each other: 1 group of 500 rows in 160-row tiles (4 of
+  // them, 2 clusters of 2), 2 weight-tile rows.
   const std::vector<int32_t> rows = {500};
-  const SwappedGroupedOrder::Params p = SwappedGroupedOrder::make(rows.data(), 500, 256, 160);
+  const SwappedGroupedOrder::Params p = SwappedGroupedOrder::make(rows.data(), 500, 256, 160, 2);
   std::vector<std::pair<int32_t, int32_t>> walked;
   SwappedGroupedOrder::Cursor at;
   for (int32_t i = 0; i < SwappedGroupedOrder::count(p, 1); ++i) {
@@ -161,8 +175,7 @@ TEST(SwappedGroupedOrder, TheWalksTogetherTakeEachTileOnceInEqualShares) {
     SwappedGroupedOrder::tile(p, i, at, m_idx, n_idx);
     walked.emplace_back(m_idx, n_idx);
   }
-  const std::vector<std::pair<int32_t, int32_t>> expected = {{0, 0}, {0, 1}, {0, 2}, {0, 3},
-                                                             {1, 0}, {1, 1}, {1, 2}, {1, 3}};
+  const std::vector<std::pair<int32_t, int32_t>> expected = {{0, 0}, {0, 1}, {1, 0}, {1, 1}};
   EXPECT_EQ(walked, expected);
 }
 

@@ -88,11 +88,14 @@ GroupedOrder::Params checked_grouped_order(const GroupedGemmProblem& p, const Gr
 
 SwappedGroupedOrder::Params checked_swapped_order(const GroupedGemmProblem& p, int swapped_rows, const int32_t* rows,
                                                   int32_t* tiles) {
-  const SwappedGroupedOrder::Params order = SwappedGroupedOrder::make(rows, p.capacity, p.n, swapped_rows);
+  const SwappedGroupedOrder::Params order =
+      SwappedGroupedOrder::make(rows, p.capacity, p.n, swapped_rows, kSwappedGroupedClusterN);
   const int64_t row_tiles = (p.capacity + swapped_rows - 1) / swapped_rows;
   IL_CHECK(p.groups * order.tiles_m * row_tiles <= kMaxGemmTiles, "grouped_gemm: ", p.groups, " groups of ",
            order.tiles_m, " x ", row_tiles, " swapped tiles are more than the ", kMaxGemmTiles, " supported");
-  *tiles = static_cast<int32_t>(p.groups * order.tiles_m * row_tiles);
+  // A position is a cluster tile: kSwappedGroupedClusterN row tiles side by side.
+  const int64_t cluster_rows = int64_t{swapped_rows} * kSwappedGroupedClusterN;
+  *tiles = static_cast<int32_t>(p.groups * order.tiles_m * ((p.capacity + cluster_rows - 1) / cluster_rows));
   return order;
 }
 

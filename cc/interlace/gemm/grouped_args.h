@@ -35,17 +35,21 @@ struct GroupedGemmTuning {
 };
 
 // The swapped problem's tile width: a group's rows across the tiles' 160-wide side (one 160-wide wgmma),
-// against 128 of b's N on their rows. (320, two of them, would read each tile of b[g] once at C <= 320,
-// but a TMA box spans at most 256 rows.)
+// against 128 of b's N on their rows; two such tiles side by side are one cluster, which multicasts
+// each slice of b[g] to both, so that at C <= 320 each is read once. (One 320-wide tile would do that
+// in one CTA, but a TMA box spans at most 256 rows.)
 constexpr int kSwappedGroupedRows = 160;
+constexpr int kSwappedGroupedClusterN = 2;
 
 // The tiles' width where grouped_gemm runs the swapped problem (SwappedGroupedOrder), else 0.
 // Automatically where b is K-major (Linear weights), 256 < C <= 320 and K > N: there the unswapped
-// problem has three 128-row tiles per column, whose CTAs each read b[g] from HBM, where two swapped
-// tiles cover C exactly. Measured at G 128, C 320 (bench/results/NOTES.md, fifteenth session): with
-// K 7168 > N 4096 1.43x at full groups, 1.05x at 0.8 C, 0.90x at C / 8; with K 2048 < N 7168 1.17x,
-// 0.95x and 0.95x, hence K > N. Raises where swap is 1 and the problem cannot (b not K-major, or
-// cluster_m or tile_n set).
+// problem has three 128-row tiles per column, whose CTAs each read b[g] from HBM, where one cluster of
+// two swapped tiles covers C and reads it once. Measured at G 128, C 320, K 7168 > N 4096
+// (bench/results/NOTES.md, sixteenth session) against the unswapped problem: 1.42x at full groups,
+// 1.17x at 0.8 C, but 0.56x at C / 8, where most groups fill one row tile and the cluster's second
+// CTA has nothing to compute yet holds an SM (swap=False is the faster choice for such skewed counts,
+// which the host cannot see). With K 2048 < N 7168 it lost at 0.8 C (fifteenth session), hence
+// K > N. Raises where swap is 1 and the problem cannot (b not K-major, or cluster_m or tile_n set).
 int swapped_tile_rows(const GroupedGemmTuning& tuning, bool b_k_major, int64_t capacity, int64_t k, int64_t n,
                       const char* op = "grouped_gemm");
 
@@ -87,8 +91,8 @@ GroupedOrder::Params checked_grouped_order(const GroupedGemmProblem& p, const Gr
                                            const int32_t* rows, const char* op = "grouped_gemm");
 
 // The swapped problem's order (swapped_rows: swapped_tile_rows' nonzero width) over the counts `rows`
-// on the GPU, and in `tiles` the positions a launch may have (every group's row tiles); raises where
-// they are more than kMaxGemmTiles.
+// on the GPU, and in `tiles` the positions a launch may have (every group's cluster tiles); raises
+// where its row tiles are more than kMaxGemmTiles.
 SwappedGroupedOrder::Params checked_swapped_order(const GroupedGemmProblem& p, int swapped_rows, const int32_t* rows,
                                                   int32_t* tiles);
 

@@ -113,28 +113,31 @@ struct GroupedOrder {
 
 // The swapped grouped GEMM's tile order (grouped_gemm.cu: out[g]^T = b[g]^T a[g]^T, so that b[g]'s N
 // runs down the tiles' 128 rows and a group's rows across their tile_rows-wide side). Each tile of
-// b[g] is read by as many CTAs as the group has row tiles, and each of them reads it from HBM (L2
-// does not share it between separate CTAs; bench/results/NOTES.md, fifteenth session): two for C <=
-// 320 in 160-wide tiles, where 128-row tiles take three. Positions run densely over the groups with
-// any rows, and within a group over its weight-tile rows, each with the group's row tiles side by
-// side. The engine's tile row m_idx is g * tiles_m + (weight-tile row), its column n_idx the row tile
-// within the group.
+// b[g] is needed by every row tile of the group; CTAs that are not one cluster each read it from HBM
+// (L2 does not share it between them; bench/results/NOTES.md, fifteenth session), so cluster_n row
+// tiles side by side form a cluster tile and share it through multicast: at C <= 320, two 160-wide
+// row tiles, one cluster, one read. Positions run densely over the groups with any rows, and within a
+// group over its weight-tile rows, each with the group's cluster tiles side by side. The engine's tile
+// row m_idx is g * tiles_m + (weight-tile row); the order gives the cluster tile within the group,
+// whose CTA r takes row tile cluster_n * n + r (TileWalk).
 struct SwappedGroupedOrder {
   struct Params {
     const int32_t* rows = nullptr;  // [G] on the GPU: the rows each group uses (clamped to capacity)
     int32_t capacity = 0;           // C
     int32_t tile_rows = 0;          // a group's rows per tile: the tiles' width
     int32_t tiles_m = 0;            // weight-tile rows per group: ceil(N / kTileM)
+    int32_t cluster_n = 1;          // row tiles per cluster tile (the engine's kClusterN)
   };
 
   static constexpr int32_t kTileM = 128;  // the engine's tile height, over N
 
-  static Params make(const int32_t* rows, int64_t capacity, int64_t n, int tile_rows) {
+  static Params make(const int32_t* rows, int64_t capacity, int64_t n, int tile_rows, int cluster_n) {
     Params p;
     p.rows = rows;
     p.capacity = static_cast<int32_t>(capacity);
     p.tile_rows = tile_rows;
     p.tiles_m = static_cast<int32_t>((n + kTileM - 1) / kTileM);
+    p.cluster_n = cluster_n;
     return p;
   }
 
@@ -142,24 +145,34 @@ struct SwappedGroupedOrder {
     return grouped_walk::rows_of(p.rows, p.capacity, g);
   }
 
-  // Row tiles group g uses, side by side: one where C <= tile_rows and the group has any rows.
-  IL_HOST_DEVICE static inline int32_t used_row_tiles(const Params& p, int32_t g) {
-    return (rows_of(p, g) + p.tile_rows - 1) / p.tile_rows;
+  // Cluster tiles group g uses side by side (those that hold any of its rows): one where C <=
+  // tile_rows x cluster_n and the group has any rows.
+  IL_HOST_DEVICE static inline int32_t used_cluster_tiles(const Params& p, int32_t g) {
+    const int32_t cluster_rows = p.tile_rows * p.cluster_n;
+    return (rows_of(p, g) + cluster_rows - 1) / cluster_rows;
   }
 
   IL_HOST_DEVICE static inline int32_t count(const Params& p, int32_t groups) {
-    return grouped_walk::count(groups, p.tiles_m, [&](int32_t g) { return used_row_tiles(p, g); });
+    return grouped_walk::count(groups, p.tiles_m, [&](int32_t g) { return used_cluster_tiles(p, g); });
   }
 
   using Cursor = grouped_walk::Cursor;
 
-  // Position i (i < count, and at least the last i this cursor saw) to its tile.
+  // Position i (i < count, and at least the last i this cursor saw) to its tile row and cluster tile.
   IL_HOST_DEVICE static inline void tile(const Params& p, int32_t i, Cursor& at, int32_t& m_idx, int32_t& n_idx) {
-    const int32_t used = grouped_walk::seek(at, i, p.tiles_m, [&](int32_t g) { return used_row_tiles(p, g); });
+    const int32_t used =
+        grouped_walk::seek(at, i, p.tiles_m, [&](int32_t g) { return used_cluster_tiles(p, g); });
     const int32_t in_group = i - at.first;
     const int32_t weight_row = in_group / used;
     m_idx = at.group * p.tiles_m + weight_row;
     n_idx = in_group - weight_row * used;
+  }
+
+  // Whether the engine's tile (m_idx, n_idx: a row tile) holds none of its group's rows: a cluster's
+  // second row tile where the group has tile_rows rows or fewer. The engine skips its math (wgmmas
+  // on zeros: 4.06 ms against 3.78-3.86 at C / 8, bench/results/NOTES.md, sixteenth session).
+  IL_HOST_DEVICE static inline bool empty(const Params& p, int32_t m_idx, int32_t n_idx) {
+    return n_idx * p.tile_rows >= rows_of(p, m_idx / p.tiles_m);
   }
 
   // An engine tile row to its group and its weight-tile row within the group.

@@ -95,7 +95,7 @@ typename Config::Mainloop::Params mainloop_params(const GemmProblem& p, const vo
       cute::make_shape(static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), groups);
   typename Mainloop::Params params = Mainloop::to_underlying_arguments(problem, args, nullptr);
   if (groups == 1) {
-    shrink_box_to<Config, false>(params, p, a, p.m);
+    if constexpr (Config::kClusterN == 1) shrink_box_to<Config, false>(params, p, a, p.m);  // A not multicast
     if constexpr (Config::kBKMajor && Config::kClusterM == 1) shrink_box_to<Config, true>(params, p, b, p.n);
   }
   return params;
@@ -122,7 +122,7 @@ void set_grouped_problem(Params& params, const GroupedGemmProblem& p, const void
   params.num_tiles = static_cast<int32_t>(p.groups * order.tile_rows / Config::kClusterM * order.tiles_n);
 }
 
-// The launch of `ctas` CTAs (a multiple of Config::kClusterM) of the engine's kernel with all the
+// The launch of `ctas` CTAs (a multiple of Config::kClusterSize) of the engine's kernel with all the
 // shared memory its stages take. Raises where the build has no kernel image for this GPU.
 template <class Config, class Params>
 cudaLaunchConfig_t launch_config(void (*kernel)(Params), int ctas, cudaStream_t stream, cudaLaunchAttribute* cluster) {
@@ -134,7 +134,7 @@ cudaLaunchConfig_t launch_config(void (*kernel)(Params), int ctas, cudaStream_t 
   launch_config.dynamicSmemBytes = smem;
   launch_config.stream = stream;
   cluster->id = cudaLaunchAttributeClusterDimension;
-  cluster->val.clusterDim.x = Config::kClusterM;
+  cluster->val.clusterDim.x = Config::kClusterSize;  // rank r is (r % kClusterM, r / kClusterM)
   cluster->val.clusterDim.y = 1;
   cluster->val.clusterDim.z = 1;
   launch_config.attrs = cluster;
@@ -159,12 +159,12 @@ int resident_ctas(void (*kernel)(Params), int device, int num_sms) {
   const bool cached = device >= 0 && device < 64;
   if (cached && known[device].load() > 0) return known[device].load();
   cudaLaunchAttribute cluster{};
-  const cudaLaunchConfig_t config = launch_config<Config>(kernel, num_sms / Config::kClusterM * Config::kClusterM,
+  const cudaLaunchConfig_t config = launch_config<Config>(kernel, num_sms / Config::kClusterSize * Config::kClusterSize,
                                                           nullptr, &cluster);
   int clusters = 0;
   IL_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
-  if (cached) known[device].store(clusters * Config::kClusterM);
-  return clusters * Config::kClusterM;
+  if (cached) known[device].store(clusters * Config::kClusterSize);
+  return clusters * Config::kClusterSize;
 }
 
 // The same for an op's compiled variant V (V::Config, V::kernel()).

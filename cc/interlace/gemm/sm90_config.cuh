@@ -81,8 +81,10 @@ struct WithAtom<Built, void, AtomLayout> {
 // kPingpong_: the two consumer warpgroups take alternate tiles (each a whole kTileM x kTileN tile), so
 // one stores its tile while the other computes; otherwise they share each tile (cooperative).
 // kTileM_: 128, or 64 for ping-pong (one warpgroup's m64 wgmmas: the swapped decode GEMM, gemm.cu).
+// kClusterN_: CTAs per cluster along N; with 2, the pair shares each A slice through TMA multicast
+// (the swapped grouped GEMM's two row tiles of one weight tile, grouped_gemm.cu).
 template <class Element_, bool kBKMajor_, int kTileN_ = 256, int kClusterM_ = 1, bool kPingpong_ = false,
-          int kTileM_ = 128>
+          int kTileM_ = 128, int kClusterN_ = 1>
 struct Sm90GemmConfig {
   using Element = Element_;
   static constexpr bool kBKMajor = kBKMajor_;
@@ -94,8 +96,19 @@ struct Sm90GemmConfig {
   // kTileM x kTileN output tiles (cooperative: shared by two consumer warpgroups, 64 rows each),
   // 64-deep K slices.
   using TileShape = cute::Shape<cute::Int<kTileM_>, cute::Int<kTileN_>, cute::_64>;
-  using ClusterShape = cute::Shape<cute::Int<kClusterM_>, cute::_1, cute::_1>;
+  using ClusterShape = cute::Shape<cute::Int<kClusterM_>, cute::Int<kClusterN_>, cute::_1>;
   static constexpr int kClusterM = kClusterM_;
+  static constexpr int kClusterN = kClusterN_;
+  // CTAs per cluster, rank r at (r % kClusterM, r / kClusterM), as CUTLASS's multicast masks take them.
+  static constexpr int kClusterSize = kClusterM_ * kClusterN_;
+  // The cluster as launched (launch.cuh): all its CTAs along x, so %cluster_ctaid is (rank, 0, 0)
+  // whether it spans M or N. CUTLASS's PipelineTmaAsync reads that coordinate against the shape it is
+  // given to pick the CTAs whose stages a consumer releases; with ClusterShape (1, 2) CTA 1 took itself
+  // for (1, 0), released none of its own stages, and its producer waited forever once the stages
+  // wrapped. In a one-row cluster every CTA writes every CTA's stages (multicast), so each releases
+  // to all: this shape says so, with the same arrival count.
+  static_assert(kClusterM_ == 1 || kClusterN_ == 1, "clusters along M or along N, not both (launched flat in x)");
+  using PipelineClusterShape = cute::Shape<cute::Int<kClusterSize>, cute::_1, cute::_1>;
   static constexpr bool kPingpong = kPingpong_;
   using Schedule = std::conditional_t<kPingpong_, PingpongSchedule, CooperativeSchedule>;
   using LayoutA = cutlass::layout::RowMajor;

@@ -1,8 +1,9 @@
 // The persistent, warp-specialized Hopper GEMM every fused op drives: C[M, N] = A[M, K] @ B[K, N].
 //
-// One CTA per SM; clusters of kClusterM CTAs walk an order of cluster tiles (positions cluster_id,
-// + num_clusters, ...; with GemmParams::k_runs, a position is one run of K of a tile), CTA r of a
-// cluster taking tile row kClusterM * m + r. The order is a policy
+// One CTA per SM; clusters of kClusterM x kClusterN CTAs walk an order of cluster tiles (positions
+// cluster_id, + num_clusters, ...; with GemmParams::k_runs, a position is one run of K of a tile),
+// CTA r of a cluster taking tile row kClusterM * m + r % kClusterM and tile column
+// kClusterN * n + r / kClusterM. The order is a policy
 // (Order: Params and a __device__ position -> tile map, e.g. BandedOrder in tile_plan.h), computed
 // as the walk goes, so that no per-shape data lives in device memory. Roles:
 //   Producer  (warpgroup 0, one warp): per tile, InputWait::wait, then TMA loads of A (from
@@ -70,6 +71,13 @@ template <class Order, class = void>
 struct HasGroups : std::false_type {};
 template <class Order>
 struct HasGroups<Order, std::void_t<decltype(&Order::locate)>> : std::true_type {};
+// An order whose cluster tiles may hold tiles with nothing to compute (SwappedGroupedOrder: a
+// cluster's second row tile past a small group's rows) says which (empty): their consumers release
+// the stages the cluster's multicast still fills, with no math and no store.
+template <class Order, class = void>
+struct HasEmptyTiles : std::false_type {};
+template <class Order>
+struct HasEmptyTiles<Order, std::void_t<decltype(&Order::empty)>> : std::true_type {};
 
 template <class Order, bool = HasCursor<Order>::value>
 struct WalkState {};
@@ -79,15 +87,16 @@ struct WalkState<Order, true> {
 };
 
 // The tile scheduler every role asks. The cluster takes positions cluster_id, + num_clusters, ... of
-// the order (num_clusters: the clusters that compute, gemm_ctas / kClusterM; a position is a tile,
+// the order (num_clusters: the clusters that compute, gemm_ctas / cluster size; a position is a tile,
 // or with k_runs a run of K of tile position / k_runs); of those, a role that
 // shares them with others (ping-pong consumers) takes every walkers-th, starting with the walker-th.
 // A tile row past the problem (the second CTA of a cluster when the tile rows are odd) still runs
 // the mainloop, since its cluster partner's B multicast lands in its shared memory; TMA reads zeros
 // (or, with A's box shrunk, nothing) for it and the epilogue stores nothing. num_tiles bounds the
 // positions; an order with a Cursor counts them itself (GroupedOrder: from the counts on the GPU).
-template <class Order, int kClusterM>
+template <class Order, int kClusterM, int kClusterN = 1>
 struct TileWalk {
+  static constexpr int kClusterSize = kClusterM * kClusterN;
   const typename Order::Params& order;  // in the kernel's parameter space
   int32_t num_tiles;
   int32_t k_runs;
@@ -99,8 +108,8 @@ struct TileWalk {
   __device__ TileWalk(const typename Order::Params& order_, int32_t num_tiles_, int32_t k_runs_, int32_t gemm_ctas,
                       int walker = 0, int walkers = 1, int32_t groups = 1)
       : order(order_), num_tiles(num_tiles_), k_runs(k_runs_ > 1 ? k_runs_ : 1),
-        next(static_cast<int32_t>(blockIdx.x) / kClusterM + walker * (gemm_ctas / kClusterM)),
-        step(walkers * (gemm_ctas / kClusterM)), rank_in_cluster(blockIdx.x % kClusterM) {
+        next(static_cast<int32_t>(blockIdx.x) / kClusterSize + walker * (gemm_ctas / kClusterSize)),
+        step(walkers * (gemm_ctas / kClusterSize)), rank_in_cluster(blockIdx.x % kClusterSize) {
     if constexpr (HasCursor<Order>::value) num_tiles = min(num_tiles, Order::count(order, groups));
   }
 
@@ -116,8 +125,8 @@ struct TileWalk {
       Order::tile(order, position, cluster_m_idx, tile_n_idx);
     }
     next += step;
-    *m_idx = cluster_m_idx * kClusterM + rank_in_cluster;
-    *n_idx = tile_n_idx;
+    *m_idx = cluster_m_idx * kClusterM + rank_in_cluster % kClusterM;
+    *n_idx = tile_n_idx * kClusterN + rank_in_cluster / kClusterM;
     return true;
   }
 };
@@ -130,7 +139,8 @@ __device__ __forceinline__ void run_producer(const Params& params, typename Conf
   typename Config::Mainloop mainloop;
   auto state = cutlass::make_producer_start_state<typename Config::Pipeline>();
   auto k_shape = shape<3>(get<0>(load_inputs));
-  TileWalk<Order, Config::kClusterM> walk(params.order, params.num_tiles, params.k_runs, gridDim.x - params.copy_ctas,
+  TileWalk<Order, Config::kClusterM, Config::kClusterN> walk(params.order, params.num_tiles, params.k_runs,
+                                                             gridDim.x - params.copy_ctas,
                                           0, 1, params.groups);
   int m_idx, n_idx, k_run;
   while (walk.get(&m_idx, &n_idx, &k_run)) {
@@ -160,11 +170,29 @@ __device__ __forceinline__ void run_consumer(const Params& params, typename Conf
   typename Config::PipelineState state;
   const int mma_thread_idx = threadIdx.x % Schedule::kStageConsumers;
   const int walker = Schedule::walker(group);
-  TileWalk<Order, Config::kClusterM> walk(params.order, params.num_tiles, params.k_runs, gridDim.x - params.copy_ctas,
+  TileWalk<Order, Config::kClusterM, Config::kClusterN> walk(params.order, params.num_tiles, params.k_runs,
+                                                             gridDim.x - params.copy_ctas,
                                           walker, Schedule::kWalkers, params.groups);
   state.advance(walker * k_tiles);
   int m_idx, n_idx, k_run;
   while (walk.get(&m_idx, &n_idx, &k_run)) {
+    if constexpr (HasEmptyTiles<Order>::value) {
+      if (Order::empty(params.order, m_idx, n_idx)) {
+        if constexpr (Schedule::kTakeTurns) math_order.wait();
+        auto read = state;
+        for (int k = 0; k < k_tiles; ++k, ++read) {
+          pipeline.consumer_wait(read);
+          pipeline.consumer_release(read);
+        }
+        if constexpr (Schedule::kTakeTurns) {
+          math_order.arrive();
+          math_order.wait();  // the epilogue's turn, which stores nothing
+          math_order.arrive();
+        }
+        state.advance(Schedule::kWalkers * k_tiles);
+        continue;
+      }
+    }
     auto accum = partition_fragment_C(tiled_mma, take<0, 2>(typename Config::TileShape{}));
     if constexpr (Schedule::kTakeTurns) math_order.wait();  // my turn at the mainloop
     mainloop.mma(pipeline, state, accum, k_tiles, mma_thread_idx, shared.mainloop.tensors, params.mainloop);
@@ -180,16 +208,16 @@ __device__ __forceinline__ void run_consumer(const Params& params, typename Conf
 
 // Whether every CTA of this cluster wants to run (each says so in `mine`), after a cluster barrier;
 // on "no" a second barrier keeps each CTA's shared memory alive until its partners have read it.
-template <int kClusterM>
+template <int kClusterSize>
 __device__ __forceinline__ bool whole_cluster_runs(int* mine, bool run) {
-  if constexpr (kClusterM == 1) {
+  if constexpr (kClusterSize == 1) {
     return run;
   } else {
     if (threadIdx.x == 0) *mine = run ? 1 : 0;
     cute::cluster_arrive();  // release: the vote is visible to the cluster once the barrier completes
     cute::cluster_wait();
     bool all = true;
-    for (int r = 0; r < kClusterM; ++r) {
+    for (int r = 0; r < kClusterSize; ++r) {
       uint32_t theirs;
       const uint32_t addr = cute::cast_smem_ptr_to_uint(mine);
       asm volatile(
@@ -217,7 +245,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   using Pipeline = typename Config::Pipeline;
   if constexpr (!std::is_same_v<Phases, NoPhases>) {
     __shared__ int runs;
-    if (!whole_cluster_runs<Config::kClusterM>(&runs, Phases::begin(params.phases))) return;
+    if (!whole_cluster_runs<Config::kClusterSize>(&runs, Phases::begin(params.phases))) return;
     const int32_t gemm_ctas = static_cast<int32_t>(gridDim.x) - params.copy_ctas;
     if (static_cast<int32_t>(blockIdx.x) >= gemm_ctas) {  // a copier: no pipeline, no tiles
       Phases::copy(params.phases, static_cast<int>(blockIdx.x) - gemm_ctas, params.copy_ctas);
@@ -240,14 +268,15 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   pipeline_params.is_leader = threadIdx.x % cutlass::NumThreadsPerWarpGroup == 0;
   pipeline_params.num_consumers = Config::kConsumerThreads;
   pipeline_params.transaction_bytes = params.mainloop.tma_transaction_bytes;
-  Pipeline pipeline(shared.mainloop.pipeline, pipeline_params, typename Config::ClusterShape{});
+  // The launched cluster's shape, not the mainloop's (sm90_config.cuh, PipelineClusterShape).
+  Pipeline pipeline(shared.mainloop.pipeline, pipeline_params, typename Config::PipelineClusterShape{});
   const int consumer_group = static_cast<int>(role) - static_cast<int>(WarpGroupRole::Consumer0);
   typename Config::MathOrder::Params order_params;
   order_params.group_id = consumer_group < 0 ? 0 : consumer_group;
   order_params.group_size = cutlass::NumThreadsPerWarpGroup;
   typename Config::MathOrder math_order(shared.math_order, order_params);
   // Barriers initialised, in every CTA of the cluster, before anyone uses them.
-  if constexpr (Config::kClusterM > 1) {
+  if constexpr (Config::kClusterSize > 1) {
     cute::cluster_arrive_relaxed();
     cute::cluster_wait();
   } else {
