@@ -290,7 +290,9 @@ TEST(RingAttentionPlan, SlotProtocolSimulation) {
         const uint64_t op = ops[x.call];
         if (m.piece >= 0) {
           const int s = x.sent[m.piece];
-          if (s > 0) ASSERT_EQ(x.slots[RingAttentionPlan::slot_of_step(s)][m.piece].call, x.call);
+          if (s > 0) {
+            ASSERT_EQ(x.slots[RingAttentionPlan::slot_of_step(s)][m.piece].call, x.call);
+          }
           Rank& next = ranks[(m.rank + 1) % world];
           next.slots[RingAttentionPlan::slot_of_step(s + 1)][m.piece] = Slot{x.call, p.kv_origin(m.rank, s)};
           next.landed[m.piece] = RingAttentionPlan::landed_value(op, s + 1);

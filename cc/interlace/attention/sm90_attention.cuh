@@ -10,6 +10,9 @@
 //             halves, one per consumer, each behind its own barrier) and of K and V tiles of kTileK
 //             keys into a double-buffered ring (two pipelines, so a consumer waits for V only when it
 //             needs it), which runs on from one query tile to the next;
+//   Waiter    (warpgroup 0, warp 1, one thread; only for a Schedule whose keys arrive while the
+//             kernel runs, kWaits: ring attention's): waits for each key tile's keys and tells the
+//             producer through keys_ready[stage] (wait_for_keys);
 //   Consumers (warpgroups 1, 2): 64 query rows each. Per key tile j: S = Q K_j^T (wgmma, both
 //             operands in shared memory), the online softmax on S in registers, then O += P V_j with P
 //             from registers (the accumulator's layout is the A operand's, so no shuffle). The next
@@ -113,6 +116,14 @@ struct Config {
     cutlass::arch::ClusterTransactionBarrier::ValueType q_full[kConsumers];
     cutlass::arch::ClusterBarrier::ValueType q_empty;  // both consumers are done with the tile's Q
     QueryTile work;  // the tile q_full announces: from the producer to the consumers
+    // A schedule that waits (kWaits): the waiter warp's word to the producer that stage s's keys
+    // may be loaded (attention_tiles).
+    cutlass::arch::ClusterBarrier::ValueType keys_ready[kStages];
+    // The waiter's walk (wait_for_keys), kept here rather than in its 24 registers, which the
+    // bounded wait needs; and its barriers' shared addresses, which the CTA's first thread sets
+    // before the roles part (a register holding them into the waiter's loop was spilled).
+    alignas(16) char waiter_walk[128];
+    uint32_t waiter_q_full, waiter_empty, waiter_ready;
   };
   static_assert(sizeof(SharedStorage) <= 227 * 1024, "more shared memory than an SM gives a CTA");
 
@@ -186,13 +197,11 @@ struct KeySegment {
 
 // The plain kernel's schedule: every key of the inputs, the causal diagonal when asked.
 struct DenseSchedule {
+  static constexpr bool kWaits = false;  // its keys are there from the start: no waiter warp, no wait_keys
   int32_t rows_k;
   int32_t causal;
   __device__ int segments() const { return 1; }
   __device__ KeySegment segment(int, const QueryTile&) const { return KeySegment{-1, 0, rows_k, causal, 0}; }
-  // The producer's wait before loading the box of keys [lo, hi) (which may run past the segment):
-  // nothing to wait for here.
-  __device__ void wait_keys(const KeySegment&, int, int, int, int) {}
 };
 
 // A Source of one tile, the CTA's, known to every thread (kOneTile), so that attention_tiles compiles
@@ -316,6 +325,84 @@ struct TileCursor {
   }
 };
 
+// An mbarrier's wait and arrival by its 32-bit shared address, for the waiter below: it keeps its
+// barriers' addresses in shared memory, since a register holding the CTA's shared base across its
+// loop was spilled (ptxas keeps it from the kernel's start, past setmaxnreg).
+// The wait suspends the thread (up to the time hint, 10 ms, as CUTLASS's) rather than spinning: the
+// waiter shares its SM sub-partition with consumer warps.
+__device__ __forceinline__ void mbarrier_wait(uint32_t barrier, uint32_t parity) {
+  constexpr uint32_t kSuspendNs = 10000000;
+  asm volatile(
+      "{\n\t.reg .pred done;\n"
+      "wait_%=:\n\t"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n\t"
+      "@!done bra wait_%=;\n}" ::"r"(barrier),
+      "r"(parity), "r"(kSuspendNs)
+      : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint32_t barrier) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(barrier) : "memory");
+}
+
+// The waiter warp of a schedule that waits (one thread; attention_tiles): for each key tile the producer
+// will load, in the same order, waits for the keys (Schedule::wait_keys, over the whole box TMA
+// reads), then until the producer's stage is free (the K pipeline's empty barrier, at the producer's
+// phase), then raises keys_ready[stage]. It learns each tile as the consumers do, from shared.work
+// behind q_full (a persistent Source; a OneTile Source is known to every thread). It runs on the
+// producer warpgroup's registers (24 beside 192-key tiles), most of which the bounded wait inside
+// wait_keys takes: so the walk lives in shared memory, and the schedule, which only refers to
+// kernel parameters, is made afresh from it at each key tile rather than kept.
+template <class Config, class Source>
+__device__ __forceinline__ void wait_for_keys(const Params<Config>& p, Source& source,
+                                              typename Config::SharedStorage& shared) {
+  using Pipeline = typename Config::Pipeline;
+  using Schedule = decltype(source.schedule(QueryTile{}));
+  constexpr int kTileK = Config::kTileK;
+  constexpr uint32_t kBarrierBytes = 8;  // an mbarrier; a stage's barriers are consecutive
+  struct Walk {
+    QueryTile tile;
+    KeySegment seg;
+    int g, j;
+    int seen;  // Schedule::wait_keys' memory of what it last saw land
+    int n;     // the tiles taken so far
+    typename Pipeline::PipelineState stage;  // the producer's: the stage its next key tile fills
+  };
+  static_assert(sizeof(Walk) <= sizeof(shared.waiter_walk), "the waiter's walk outgrew its shared memory");
+  Walk& w = *reinterpret_cast<Walk*>(shared.waiter_walk);
+  w.stage = cutlass::make_producer_start_state<Pipeline>();
+  for (w.n = 0;; ++w.n) {
+    if constexpr (Source::kOneTile) {
+      w.tile = source.next();
+    } else {
+      mbarrier_wait(shared.waiter_q_full, w.n & 1);
+      w.tile = shared.work;
+      if (w.tile.valid == 0) return;
+    }
+    w.g = -1;
+    w.j = 0;
+    w.seen = -1;
+    for (;;) {
+      Schedule schedule = source.schedule(w.tile);
+      TileCursor<Config, Schedule> cur(schedule, w.tile);
+      cur.g = w.g;
+      cur.j = w.j;
+      cur.seg = w.seg;
+      if (!cur.advance()) break;
+      w.g = cur.g;
+      w.j = cur.j;
+      w.seg = cur.seg;
+      // The keys first, while the consumers still work on the stage; then, once they free it, the
+      // word to the producer (a stage's keys_ready may only run one phase ahead of its loads).
+      const int lo = w.seg.row0 + w.j * kTileK;
+      w.seen = schedule.wait_keys(w.seg, w.tile.batch, w.tile.head / (p.heads_q / p.heads_kv), lo, lo + kTileK, w.seen);
+      mbarrier_wait(shared.waiter_empty + kBarrierBytes * w.stage.index(), w.stage.phase());
+      mbarrier_arrive(shared.waiter_ready + kBarrierBytes * w.stage.index());
+      ++w.stage;
+    }
+    if constexpr (Source::kOneTile) return;
+  }
+}
+
 // A CTA's query tiles, one after another as its Source hands them out, each against the keys of the
 // Source's schedule for it; every thread of the CTA calls it, and all return. A Source has
 //   QueryTile next()                    the producer thread's: the CTA's next tile; valid == 0: none left
@@ -324,9 +411,13 @@ struct TileCursor {
 // The producer takes tile n + 1 while the consumers still work on tile n, and loads its Q as soon as
 // both consumers are done with tile n's (q_empty), so that a tile's start hides under the last one's
 // end. The tile itself travels to the consumers through shared memory, behind q_full.
-// A schedule whose producer waits on flags needs more than the plain producer's registers: it takes
-// them from the consumers. The split must fit what the launch gave the CTA, or the consumers'
-// setmaxnreg.inc waits forever for registers nobody frees.
+// A schedule that waits for its keys (kWaits: ring attention's, on flags other GPUs raise) does so in
+// a second warp of the producer warpgroup, the waiter: it walks the same key tiles as the producer,
+// waits for each (and for the producer's stage to be free, so that it never runs a round ahead),
+// then arrives on keys_ready[stage], which the producer waits on before loading the stage. Neither
+// warp then holds both the walk's TMA state and a bounded wait's, so both fit the producer's
+// registers. The split must fit what the launch gave the CTA, or the consumers' setmaxnreg.inc
+// waits forever for registers nobody frees.
 template <class Config, class Source, int kProducerRegisters = Config::kProducerRegisters,
           int kConsumerRegisters = Config::kConsumerRegisters>
 __device__ __forceinline__ void attention_tiles(const Params<Config>& p, Source& source,
@@ -344,7 +435,6 @@ __device__ __forceinline__ void attention_tiles(const Params<Config>& p, Source&
                 "the register split exceeds the launch's: setmaxnreg.inc would never return");
   const int warp_idx = cutlass::canonical_warp_idx_sync();
   const int warp_group = cutlass::canonical_warp_group_idx();
-  const int group = p.heads_q / p.heads_kv;  // query heads per K/V head
 
   typename Pipeline::Params pipeline_params;
   pipeline_params.role = warp_group == 0 ? (warp_idx == 0 ? Pipeline::ThreadCategory::Producer
@@ -358,6 +448,12 @@ __device__ __forceinline__ void attention_tiles(const Params<Config>& p, Source&
   if (threadIdx.x == 0) {
     for (int c = 0; c < Config::kConsumers; ++c) cutlass::arch::ClusterTransactionBarrier::init(&shared.q_full[c], 1);
     cutlass::arch::ClusterBarrier::init(&shared.q_empty, Config::kConsumers * cutlass::NumThreadsPerWarpGroup);
+    for (int s = 0; s < Config::kStages; ++s) cutlass::arch::ClusterBarrier::init(&shared.keys_ready[s], 1);
+    if constexpr (Schedule::kWaits) {
+      shared.waiter_q_full = cute::cast_smem_ptr_to_uint(&shared.q_full[0]);
+      shared.waiter_empty = cute::cast_smem_ptr_to_uint(&shared.pipeline_k.empty_barrier_[0]);
+      shared.waiter_ready = cute::cast_smem_ptr_to_uint(&shared.keys_ready[0]);
+    }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -368,6 +464,12 @@ __device__ __forceinline__ void attention_tiles(const Params<Config>& p, Source&
 
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
+    if constexpr (Schedule::kWaits) {
+      if (warp_idx == 1) {
+        if (cute::elect_one_sync()) wait_for_keys<Config>(p, source, shared);
+        return;
+      }
+    }
     if (warp_idx != 0 || !cute::elect_one_sync()) return;
     auto state = cutlass::make_producer_start_state<Pipeline>();
     for (int n = 0;; ++n) {
@@ -383,7 +485,9 @@ __device__ __forceinline__ void attention_tiles(const Params<Config>& p, Source&
           return;
         }
       }
-      const int head_kv = tile.head / group;
+      // Query heads per K/V head, worked out here rather than before the roles part: a value kept
+      // across the producer's setmaxnreg.dec to 24 registers would be spilled.
+      const int head_kv = tile.head / (p.heads_q / p.heads_kv);
       Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.rows_q, HeadDim{}, p.heads_q, p.batch, 1));
       Tensor gQ = local_tile(domain_offset(make_coord(tile.row0, 0), mQ(_, _, tile.head, tile.batch, 0)),
                              Shape<_64, HeadDim>{}, make_coord(_, 0));  // (64, D, halves)
@@ -408,8 +512,11 @@ __device__ __forceinline__ void attention_tiles(const Params<Config>& p, Source&
         auto [tVgV, tVsV] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
         const int g = cur.g;
         do {
-          const int lo = cur.seg.row0 + cur.j * kTileK;
-          schedule.wait_keys(cur.seg, tile.batch, head_kv, lo, lo + kTileK);  // the whole box TMA reads
+          if constexpr (Schedule::kWaits) {
+            // The waiter saw the keys land; TMA (the async proxy) must see what they wrote.
+            cutlass::arch::ClusterBarrier::wait(&shared.keys_ready[state.index()], state.phase() ^ 1);
+            asm volatile("fence.proxy.async.global;" ::: "memory");
+          }
           pipeline_k.producer_acquire(state);
           copy(tma_k.with(*pipeline_k.producer_get_barrier(state)), tKgK(_, cur.j), tKsK(_, state.index()));
           pipeline_v.producer_acquire(state);

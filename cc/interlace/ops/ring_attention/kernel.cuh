@@ -60,14 +60,12 @@ __device__ inline int take_ticket(unsigned long long* word, uint64_t op) {
 // as they land; per step up to two segments, the halves of the block the plan pairs with the CTA's
 // query half.
 struct RingSchedule {
+  static constexpr bool kWaits = true;  // wait_keys waits on other GPUs' flags: a waiter warp
   const RingAttentionPlan& plan;
   int32_t query_half;  // 0 or 1 (causal); non-causal CTAs take the shard whole
   const device::NvlinkTransport& transport;
   const device::WaitContext& wait;
-  RingAttentionFlags* flags;
-  uint64_t op;
-  // The pieces last seen landed (a key tile spans at most two), for the step they were seen at.
-  int32_t seen_step = -1, seen[2] = {-1, -1};
+  const uint64_t& op;  // in shared memory (ring_attention_kernel): no register holds it
 
   __device__ int segments() const { return 2 * plan.world; }
 
@@ -84,29 +82,28 @@ struct RingSchedule {
     return attention_engine::KeySegment{slot, row0, rows, kind == RingBlockKind::kDiagonal ? 1 : 0, s};
   }
 
-  // Producer thread, before loading the box of keys [lo, hi) of (batch, KV head): from step 1 on, the
-  // pieces under it must have landed, those past the segment too (their rows are masked, but must
-  // not be stale: see send). A failed wait (a dead peer, an abort) is recorded and the loads go
-  // ahead on whatever is there: the consumers never hang, and the host raises the fault.
-  __device__ void wait_keys(const attention_engine::KeySegment& seg, int batch, int head_kv, int lo, int hi) {
-    hi = min(static_cast<int64_t>(hi), plan.max_local_rows());  // past the slot, TMA reads zeros
-    if (seg.step == 0 || hi <= lo) return;
-    if (seg.step != seen_step) {
-      seen_step = seg.step;
-      seen[0] = seen[1] = -1;
-    }
-    const uint64_t value = RingAttentionPlan::landed_value(op, seg.step);
+  // The waiter thread (attention_tiles), before the producer loads the box of keys [lo, hi) of
+  // (batch, KV head): from step 1 on, the pieces under it must have landed, those past the segment
+  // too (their rows are masked, but must not be stale: see send). `seen` is the piece last seen
+  // landed, as step x kRingAttentionMaxPieces + piece (-1: none), which it returns updated: the
+  // waiter goes down a segment's tiles and each tile's pieces, so a tile's first piece is the next
+  // one's last. A failed wait (a dead peer, an abort) is recorded and the loads go ahead on whatever
+  // is there: the consumers never hang, and the host raises the fault. On the producer warpgroup's
+  // 24 registers: the flags come from the transport (kernel parameters) at each use.
+  __device__ int wait_keys(const attention_engine::KeySegment& seg, int batch, int head_kv, int lo, int hi,
+                           int seen) const {
+    hi = min(hi, static_cast<int>(plan.max_local_rows()));  // past the slot, TMA reads zeros
+    if (seg.step == 0 || hi <= lo) return seen;
     const int first = plan.piece_of(batch, head_kv, lo), last = plan.piece_of(batch, head_kv, hi - 1);
-    bool fresh = false;
-    for (int piece = first; piece <= last; ++piece) {  // one or two pieces (a tile is within flag_rows)
-      if (piece == seen[0] || piece == seen[1]) continue;
-      transport.wait(&flags->landed[piece], value, wait, FlagId::kLanded, plan.recv_from());
-      seen[1] = seen[0];
-      seen[0] = piece;
-      fresh = true;
+    for (int piece = last; piece >= first; --piece) {  // one or two pieces (a tile is within flag_rows)
+      const int key = seg.step * kRingAttentionMaxPieces + piece;
+      if (key == seen) continue;
+      RingAttentionFlags* flags = op_flags<RingAttentionFlags, OpId::kRingAttention>(transport.my_pad());
+      transport.wait(&flags->landed[piece], RingAttentionPlan::landed_value(op, seg.step), wait, FlagId::kLanded,
+                     plan.recv_from());
+      seen = key;
     }
-    // TMA (the async proxy) must see what the sender's SM stores (the generic proxy) wrote.
-    if (fresh) asm volatile("fence.proxy.async.global;" ::: "memory");
+    return seen;  // the producer fences the async proxy before its TMA reads what landed
   }
 };
 
@@ -117,18 +114,18 @@ struct RingSource {
   const RingAttentionPlan& plan;
   const device::NvlinkTransport& transport;
   const device::WaitContext& wait;
-  RingAttentionFlags* flags;
-  uint64_t op;
+  const uint64_t& op;  // in shared memory (ring_attention_kernel)
 
+  // The producer thread's, on 24 registers: the flags come from the transport (kernel parameters).
   __device__ attention_engine::QueryTile next() {
-    const int64_t x = take_ticket(&flags->tiles, op);
+    const int x = take_ticket(&op_flags<RingAttentionFlags, OpId::kRingAttention>(transport.my_pad())->tiles, op);
     return x < plan.work_tiles() ? engine_tile(plan.query_tile(x)) : attention_engine::QueryTile{};
   }
   __device__ static attention_engine::QueryTile engine_tile(const RingAttentionPlan::QueryTile& q) {
     return attention_engine::QueryTile{q.batch, q.head, q.row0, q.rows, q.offset, q.half};
   }
   __device__ RingSchedule schedule(const attention_engine::QueryTile& tile) const {
-    return RingSchedule{plan, tile.part, transport, wait, flags, op};
+    return RingSchedule{plan, tile.part, transport, wait, op};
   }
 };
 
@@ -234,9 +231,14 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   if (!device::op_enter(t, p.wait, p.signature)) return;
   RingAttentionFlags& flags = *op_flags<RingAttentionFlags, OpId::kRingAttention>(t.my_pad());
   // The op's number, as op_begin read it: ops of a group run one at a time, so it is completed + 1.
-  const uint64_t op = *reinterpret_cast<volatile uint64_t*>(&t.my_pad()->ops.completed) + 1;
+  // In shared memory, where the compute CTAs' producer and waiter read it at each use: a register
+  // holding it across their setmaxnreg.dec to 24 would be spilled.
+  __shared__ uint64_t op;
   __shared__ int ticket;
-  if (threadIdx.x == 0) ticket = take_ticket(&flags.ticket, op);
+  if (threadIdx.x == 0) {
+    op = *reinterpret_cast<volatile uint64_t*>(&t.my_pad()->ops.completed) + 1;
+    ticket = take_ticket(&flags.ticket, op);
+  }
   __syncthreads();
   const int role = ticket;
   if (role < p.senders) {
@@ -245,11 +247,14 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     extern __shared__ __align__(1024) char smem[];
     auto& shared = *reinterpret_cast<typename Config::SharedStorage*>(smem);
     if constexpr (kPersistent) {
-      RingSource source{p.plan, t, p.wait, &flags, op};
-      attention_engine::attention_tiles<Config, RingSource, 56, 224>(p.attn, source, shared);
-    } else if (const int64_t x = role - p.senders; x < p.plan.work_tiles()) {  // else the one CTA of an empty call
+      RingSource source{p.plan, t, p.wait, op};
+      // 192-key tiles need 240 consumer registers, which leaves the producer warpgroup 24: enough
+      // since its flag waits run in a warp of their own (attention_tiles' waiter).
+      constexpr bool kWide = Config::kTileK > 128;
+      attention_engine::attention_tiles<Config, RingSource, kWide ? 24 : 56, kWide ? 240 : 224>(p.attn, source, shared);
+    } else if (const int x = role - p.senders; x < p.plan.work_tiles()) {  // else the one CTA of an empty call
       const attention_engine::QueryTile tile = RingSource::engine_tile(p.plan.query_tile(x));
-      attention_engine::OneTile<RingSchedule> source{tile, RingSchedule{p.plan, tile.part, t, p.wait, &flags, op}};
+      attention_engine::OneTile<RingSchedule> source{tile, RingSchedule{p.plan, tile.part, t, p.wait, op}};
       attention_engine::attention_tiles<Config, decltype(source), 48, 224>(p.attn, source, shared);
     }
     // The producer's warp comes back diverged (one lane issued the loads): reconverge it before

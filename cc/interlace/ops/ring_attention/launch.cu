@@ -28,9 +28,14 @@ struct RingGrid {
   int64_t ctas = 1;
 };
 
-// Keys per tile: 176 at D = 128 without the mask (the plain kernel's 192 spill at the ring's 224
-// consumer registers), else 128. launch's dispatch follows plan.tile_k, so the two cannot differ.
-int key_tile(const AttentionProblem& a, bool causal) { return !causal && a.head_dim == 128 ? 176 : 128; }
+// Keys per tile at D = 128: 192 under the causal mask, whose persistent kernel gives its consumers
+// 240 registers (ring_attention_kernel); 176 without it, where the per-tile kernel keeps 224 (192
+// keys with 240 registers were 1% slower there, bench/results/NOTES.md, fifteenth session). 128 at
+// D = 64. launch's dispatch follows plan.tile_k, so the two cannot differ.
+int key_tile(const AttentionProblem& a, bool causal) {
+  if (a.head_dim != 128) return 128;
+  return causal ? 192 : 176;
+}
 
 RingGrid ring_grid(const RingAttentionPlan& plan, int sender_ctas, int num_sms) {
   RingGrid g;
@@ -123,7 +128,7 @@ void ring_attention(Group& group, const TensorView& q, const TensorView& k, cons
              " query tiles (128 rows of one head and batch each) are more than one call takes");
     grid = ring_grid(plan, sender_ctas, group.num_sms());
     // by_dim below has a kernel for each (head_dim, tile_k, persistent) that key_tile and ring_grid give.
-    IL_CHECK(a.head_dim == 64 || grid.persistent == (plan.tile_k == 128), "ring_attention: no kernel for ",
+    IL_CHECK(a.head_dim == 64 || grid.persistent == (plan.tile_k == 192), "ring_attention: no kernel for ",
              plan.tile_k, "-key tiles with persistent=", grid.persistent);
     const int64_t elem = 2;
     const uint64_t bytes = static_cast<uint64_t>(std::max(topo.world_size - 1, 0)) * 2 * a.batch *
@@ -136,8 +141,8 @@ void ring_attention(Group& group, const TensorView& q, const TensorView& k, cons
   });
   // An empty call still runs its kernel (the handshake alone): every call takes its place in the op
   // sequence on every rank.
-  // Persistent compute CTAs where ring_grid sized the grid for them; 128 x 176 tiles only without
-  // the causal mask, 128 x 128 at D = 128 only with it (key_tile), so only those two kernels exist.
+  // Persistent compute CTAs where ring_grid sized the grid for them; at D = 128, 128 x 176 tiles
+  // only without the causal mask and 128 x 192 only with it (key_tile), so only those two kernels exist.
   auto by_dim = [&](auto element) {
     using E = decltype(element);
     if (a.head_dim == 64) {
@@ -145,7 +150,7 @@ void ring_attention(Group& group, const TensorView& q, const TensorView& k, cons
                              : launch<E, 64, 128, false>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse);
     }
     if (plan.tile_k == 176) return launch<E, 128, 176, false>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse);
-    launch<E, 128, 128, true>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse);
+    launch<E, 128, 192, true>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse);
   };
   a.dtype == AttentionDtype::kBf16 ? by_dim(cutlass::bfloat16_t{}) : by_dim(cutlass::half_t{});
 }

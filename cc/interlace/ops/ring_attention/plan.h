@@ -124,10 +124,16 @@ struct RingAttentionPlan {
     return kc < qc ? RingBlockKind::kFull : kc == qc ? RingBlockKind::kDiagonal : RingBlockKind::kMasked;
   }
 
+  // ceil(rows / n) for 0 <= rows < 2^31 (S is, checked on the host) and n >= 1, in 32 bits: on the GPU
+  // the producer warps run these on 24 registers, where a 64-bit division is a call that spills.
+  IL_HOST_DEVICE static int32_t tiles_of(int64_t rows, int32_t n) {
+    return static_cast<int32_t>((static_cast<uint32_t>(rows) + static_cast<uint32_t>(n) - 1u) / static_cast<uint32_t>(n));
+  }
+
   // ---- Tiles within a block: query tile i is rows [i * tile_q, ...) of the query chunk, key tile j
   // rows [j * tile_k, ...) of the key chunk (the last of each ragged).
-  IL_HOST_DEVICE int32_t q_tiles(int32_t qc) const { return static_cast<int32_t>((chunk_rows(qc) + tile_q - 1) / tile_q); }
-  IL_HOST_DEVICE int32_t k_tiles(int32_t kc) const { return static_cast<int32_t>((chunk_rows(kc) + tile_k - 1) / tile_k); }
+  IL_HOST_DEVICE int32_t q_tiles(int32_t qc) const { return tiles_of(chunk_rows(qc), tile_q); }
+  IL_HOST_DEVICE int32_t k_tiles(int32_t kc) const { return tiles_of(chunk_rows(kc), tile_k); }
   // The key tiles 0 .. n-1 query tile i computes in a block of this kind: all of them when full; on
   // the diagonal (same chunk, so same offsets) those starting at or before the tile's last query row.
   IL_HOST_DEVICE int32_t k_tiles_for(RingBlockKind kind, int32_t qc, int32_t kc, int32_t i) const {
@@ -136,7 +142,7 @@ struct RingAttentionPlan {
     if (kind == RingBlockKind::kFull) return all;
     int64_t last = static_cast<int64_t>(i + 1) * tile_q;
     if (last > chunk_rows(qc)) last = chunk_rows(qc);
-    const int32_t n = static_cast<int32_t>((last - 1) / tile_k + 1);
+    const int32_t n = static_cast<int32_t>(last - 1) / tile_k + 1;  // 32-bit: see tiles_of
     return n < all ? n : all;
   }
   // Whether tile (i, j) of a block needs the causal mask: only on the diagonal, where some key of the
@@ -161,12 +167,11 @@ struct RingAttentionPlan {
   IL_HOST_DEVICE static uint64_t landed_value(uint64_t op_number, int32_t s) {
     return epoch_base(op_number) + static_cast<uint64_t>(s);
   }
-  IL_HOST_DEVICE int32_t pieces_per_head() const {
-    return static_cast<int32_t>((max_local_rows() + flag_rows - 1) / flag_rows);
-  }
+  IL_HOST_DEVICE int32_t pieces_per_head() const { return tiles_of(max_local_rows(), flag_rows); }
   IL_HOST_DEVICE int32_t pieces() const { return batch * heads_kv * pieces_per_head(); }
-  IL_HOST_DEVICE int32_t piece_of(int32_t b, int32_t h, int64_t row) const {
-    return (b * heads_kv + h) * pieces_per_head() + static_cast<int32_t>(row / flag_rows);
+  // In 32 bits (rows < 2^31): on the GPU the waiter warp runs it, on 24 registers.
+  IL_HOST_DEVICE int32_t piece_of(int32_t b, int32_t h, int32_t row) const {
+    return (b * heads_kv + h) * pieces_per_head() + row / flag_rows;
   }
 
   // ---- The compute CTAs' query tiles, tile_q rows each, one per (tile, head, batch), in the order the
@@ -177,9 +182,7 @@ struct RingAttentionPlan {
   IL_HOST_DEVICE int64_t query_rows(int32_t h) const {
     return !causal ? (h == 0 ? local_rows(rank) : 0) : chunk_rows(chunk_of(rank, h));
   }
-  IL_HOST_DEVICE int32_t query_tiles(int32_t h) const {
-    return static_cast<int32_t>((query_rows(h) + tile_q - 1) / tile_q);
-  }
+  IL_HOST_DEVICE int32_t query_tiles(int32_t h) const { return tiles_of(query_rows(h), tile_q); }
   IL_HOST_DEVICE int64_t work_tiles() const {
     return static_cast<int64_t>(query_tiles(0) + query_tiles(1)) * heads_q * batch;
   }
@@ -188,18 +191,20 @@ struct RingAttentionPlan {
   struct QueryTile {
     int32_t batch, head, half, row0, rows, offset;
   };
-  IL_HOST_DEVICE QueryTile query_tile(int64_t x) const {
-    const int64_t second = static_cast<int64_t>(query_tiles(1)) * heads_q * batch;
+  // In 32 bits (work_tiles() < 2^30 and rows < 2^31, both checked on the host): on the GPU the
+  // producer thread of a persistent CTA runs it, on 24 registers, where 64-bit divisions are calls.
+  IL_HOST_DEVICE QueryTile query_tile(int32_t x) const {
+    const int32_t second = query_tiles(1) * heads_q * batch;
     QueryTile t;
     t.half = x < second ? 1 : 0;
-    const int64_t rest = x < second ? x : x - second;
+    const int32_t rest = x < second ? x : x - second;
     const int32_t tiles = query_tiles(t.half);
-    t.head = static_cast<int32_t>(rest / tiles % heads_q);
-    t.batch = static_cast<int32_t>(rest / (static_cast<int64_t>(tiles) * heads_q));
-    t.offset = (tiles - 1 - static_cast<int32_t>(rest % tiles)) * tile_q;
-    const int64_t start = causal && t.half == 1 ? chunk_rows(rank) : 0;
-    t.row0 = static_cast<int32_t>(start + t.offset);
-    t.rows = static_cast<int32_t>(query_rows(t.half) - t.offset);
+    t.head = rest / tiles % heads_q;
+    t.batch = rest / (tiles * heads_q);
+    t.offset = (tiles - 1 - rest % tiles) * tile_q;
+    const int32_t start = causal && t.half == 1 ? static_cast<int32_t>(chunk_rows(rank)) : 0;
+    t.row0 = start + t.offset;
+    t.rows = static_cast<int32_t>(query_rows(t.half)) - t.offset;
     return t;
   }
 
