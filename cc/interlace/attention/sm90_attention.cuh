@@ -359,6 +359,9 @@ __device__ __forceinline__ void wait_for_keys(const Params<Config>& p, Source& s
   using Schedule = decltype(source.schedule(QueryTile{}));
   constexpr int kTileK = Config::kTileK;
   constexpr uint32_t kBarrierBytes = 8;  // an mbarrier; a stage's barriers are consecutive
+  static_assert(sizeof(shared.keys_ready[0]) == kBarrierBytes &&
+                    sizeof(shared.pipeline_k.empty_barrier_[0]) == kBarrierBytes,
+                "the waiter steps through its barrier arrays kBarrierBytes at a time");
   struct Walk {
     QueryTile tile;
     KeySegment seg;

@@ -93,8 +93,8 @@ SwappedGroupedOrder::Params checked_swapped_order(const GroupedGemmProblem& p, i
   const int64_t row_tiles = (p.capacity + swapped_rows - 1) / swapped_rows;
   IL_CHECK(p.groups * order.tiles_m * row_tiles <= kMaxGemmTiles, "grouped_gemm: ", p.groups, " groups of ",
            order.tiles_m, " x ", row_tiles, " swapped tiles are more than the ", kMaxGemmTiles, " supported");
-  // A position is a cluster tile: kSwappedGroupedClusterN row tiles side by side.
-  const int64_t cluster_rows = int64_t{swapped_rows} * kSwappedGroupedClusterN;
+  // A position is a cluster tile: cluster_n row tiles side by side.
+  const int64_t cluster_rows = int64_t{swapped_rows} * order.cluster_n;
   *tiles = static_cast<int32_t>(p.groups * order.tiles_m * ((p.capacity + cluster_rows - 1) / cluster_rows));
   return order;
 }
