@@ -111,9 +111,10 @@ TEST(GroupedOrder, AGroupsColumnsRunOneAfterAnother) {
 }
 
 // SwappedGroupedOrder, walked as TileWalk walks it: every (group, weight-tile row, row tile) the counts
-// call for, once, in equal shares, with clusters of 1 and 2 row tiles (CTA r of a cluster tile n takes
-// row tile cluster_n * n + r; a cluster tile's first CTA always has rows); a weight-tile row's cluster
-// tiles next to each other (they read the same tile of b[g]).
+// call for, once, in equal shares, with clusters of 1 and 2 row tiles (cta_tile: CTA r of a cluster
+// tile n takes row tile cluster_n * n + r, or apart, where a group's rows fit one row tile, a weight-
+// tile row of its own; a cluster tile's first CTA always has rows); a weight-tile row's cluster tiles
+// next to each other (they read the same tile of b[g]).
 TEST(SwappedGroupedOrder, TheWalksTogetherTakeEachTileOnceInEqualShares) {
   std::mt19937 rng(11);
   for (int32_t cluster_n : {1, 2}) {
@@ -130,7 +131,8 @@ TEST(SwappedGroupedOrder, TheWalksTogetherTakeEachTileOnceInEqualShares) {
         const int32_t used = std::min(std::max(rows[g], 0), capacity);
         EXPECT_EQ(SwappedGroupedOrder::rows_of(p, g), used);
         const int32_t row_tiles = (used + tile_rows - 1) / tile_rows;
-        clusters += (row_tiles + cluster_n - 1) / cluster_n * p.tiles_m;
+        const bool apart = cluster_n > 1 && row_tiles == 1;  // nothing to share: a weight tile per CTA
+        clusters += apart ? (p.tiles_m + cluster_n - 1) / cluster_n : (row_tiles + cluster_n - 1) / cluster_n * p.tiles_m;
         for (int32_t w = 0; w < p.tiles_m; ++w) {
           for (int32_t r = 0; r < row_tiles; ++r) expected.emplace(g, w, r);
         }
@@ -143,13 +145,18 @@ TEST(SwappedGroupedOrder, TheWalksTogetherTakeEachTileOnceInEqualShares) {
           SwappedGroupedOrder::Cursor at;
           int32_t taken = 0;
           for (int32_t i = first; i < SwappedGroupedOrder::count(p, groups); i += step, ++taken) {
-            int32_t m_idx = -1, cluster_idx = -1, group = -1, row = -1;
+            int32_t m_idx = -1, cluster_idx = -1;
             SwappedGroupedOrder::tile(p, i, at, m_idx, cluster_idx);
-            SwappedGroupedOrder::locate(p, m_idx, group, row);
             for (int32_t cta = 0; cta < cluster_n; ++cta) {
-              const int32_t row_tile = cluster_idx * cluster_n + cta;
+              int32_t m = -1, row_tile = -1, group = -1, row = -1;
+              SwappedGroupedOrder::cta_tile(p, m_idx, cluster_idx, cta, m, row_tile);
+              SwappedGroupedOrder::locate(p, m, group, row);
+              ASSERT_GE(row, 0);
+              ASSERT_LT(row, p.tiles_m);
+              // A cluster's CTAs load alike: all apart or all sharing the multicast.
+              EXPECT_EQ(SwappedGroupedOrder::apart(p, m), SwappedGroupedOrder::apart(p, m_idx)) << "position " << i;
               const bool has_rows = row_tile * tile_rows < SwappedGroupedOrder::rows_of(p, group);
-              EXPECT_EQ(SwappedGroupedOrder::empty(p, m_idx, row_tile), !has_rows) << "position " << i;
+              EXPECT_EQ(SwappedGroupedOrder::empty(p, m, row_tile), !has_rows) << "position " << i;
               if (cta == 0) EXPECT_TRUE(has_rows) << "a cluster tile without rows, position " << i;
               if (has_rows) {
                 EXPECT_TRUE(seen.emplace(group, row, row_tile).second) << "a tile taken twice";
@@ -177,6 +184,27 @@ TEST(SwappedGroupedOrder, TheWalksTogetherTakeEachTileOnceInEqualShares) {
   }
   const std::vector<std::pair<int32_t, int32_t>> expected = {{0, 0}, {0, 1}, {1, 0}, {1, 1}};
   EXPECT_EQ(walked, expected);
+
+  // Apart: 100 rows fit one row tile, so the pair takes weight-tile rows 0 and 1, then 2 and (past
+  // the 3 tile rows) an empty row tile.
+  const std::vector<int32_t> small = {100};
+  const SwappedGroupedOrder::Params q = SwappedGroupedOrder::make(small.data(), 320, 384, 160, 2);
+  ASSERT_EQ(SwappedGroupedOrder::count(q, 1), 2);
+  std::vector<std::pair<int32_t, int32_t>> ctas;
+  SwappedGroupedOrder::Cursor at_q;
+  for (int32_t i = 0; i < 2; ++i) {
+    int32_t m_idx, n_idx;
+    SwappedGroupedOrder::tile(q, i, at_q, m_idx, n_idx);
+    EXPECT_EQ(n_idx, SwappedGroupedOrder::kApart);
+    for (int32_t r = 0; r < 2; ++r) {
+      int32_t m, n;
+      SwappedGroupedOrder::cta_tile(q, m_idx, n_idx, r, m, n);
+      ctas.emplace_back(m, n);
+    }
+  }
+  const std::vector<std::pair<int32_t, int32_t>> apart = {{0, 0}, {1, 0}, {2, 0}, {2, 1}};
+  EXPECT_EQ(ctas, apart);
+  EXPECT_TRUE(SwappedGroupedOrder::empty(q, 2, 1));
 }
 
 // Where grouped_gemm swaps: automatically for K-major b with 256 < C <= 320, K > N and no setting

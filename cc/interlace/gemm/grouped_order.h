@@ -116,10 +116,13 @@ struct GroupedOrder {
 // b[g] is needed by every row tile of the group; CTAs that are not one cluster each read it from HBM
 // (L2 does not share it between them; bench/results/NOTES.md, fifteenth session), so cluster_n row
 // tiles side by side form a cluster tile and share it through multicast: at C <= 320, two 160-wide
-// row tiles, one cluster, one read. Positions run densely over the groups with any rows, and within a
-// group over its weight-tile rows, each with the group's cluster tiles side by side. The engine's tile
-// row m_idx is g * tiles_m + (weight-tile row); the order gives the cluster tile within the group,
-// whose CTA r takes row tile cluster_n * n + r (TileWalk).
+// row tiles, one cluster, one read. A group whose rows fit one row tile has nothing for a partner to
+// share, so there the cluster's CTAs work apart: CTA r takes weight-tile row cluster_n * q + r of it,
+// each loading its own b (apart). Positions run densely over the groups with any rows, and within a
+// group over its weight-tile rows, each with the group's cluster tiles side by side (or, apart, over
+// its runs of cluster_n weight-tile rows). tile() gives a position's cluster tile, cta_tile() each
+// CTA's tile of it: the engine's tile row m_idx is g * tiles_m + (weight-tile row), its column n_idx
+// the row tile within the group.
 struct SwappedGroupedOrder {
   struct Params {
     const int32_t* rows = nullptr;  // [G] on the GPU: the rows each group uses (clamped to capacity)
@@ -130,6 +133,7 @@ struct SwappedGroupedOrder {
   };
 
   static constexpr int32_t kTileM = 128;  // the engine's tile height, over N
+  static constexpr int32_t kApart = -1;   // tile()'s n_idx for a position whose CTAs work apart
 
   static Params make(const int32_t* rows, int64_t capacity, int64_t n, int tile_rows, int cluster_n) {
     Params p;
@@ -145,6 +149,11 @@ struct SwappedGroupedOrder {
     return grouped_walk::rows_of(p.rows, p.capacity, g);
   }
 
+  // Whether group g's CTAs work apart: clusters of several row tiles and rows that fit one.
+  IL_HOST_DEVICE static inline bool apart_group(const Params& p, int32_t g) {
+    return p.cluster_n > 1 && rows_of(p, g) <= p.tile_rows;
+  }
+
   // Cluster tiles group g uses side by side (those that hold any of its rows): one where C <=
   // tile_rows x cluster_n and the group has any rows.
   IL_HOST_DEVICE static inline int32_t used_cluster_tiles(const Params& p, int32_t g) {
@@ -152,25 +161,57 @@ struct SwappedGroupedOrder {
     return (rows_of(p, g) + cluster_rows - 1) / cluster_rows;
   }
 
+  // Group g's positions: per weight-tile row its cluster tiles, or apart its runs of weight-tile rows.
+  IL_HOST_DEVICE static inline int32_t positions(const Params& p, int32_t g) {
+    if (rows_of(p, g) == 0) return 0;
+    return apart_group(p, g) ? (p.tiles_m + p.cluster_n - 1) / p.cluster_n : p.tiles_m * used_cluster_tiles(p, g);
+  }
+
   IL_HOST_DEVICE static inline int32_t count(const Params& p, int32_t groups) {
-    return grouped_walk::count(groups, p.tiles_m, [&](int32_t g) { return used_cluster_tiles(p, g); });
+    return grouped_walk::count(groups, 1, [&](int32_t g) { return positions(p, g); });
   }
 
   using Cursor = grouped_walk::Cursor;
 
-  // Position i (i < count, and at least the last i this cursor saw) to its tile row and cluster tile.
+  // Position i (i < count, and at least the last i this cursor saw) to its tile row and cluster tile;
+  // apart, to the run's first tile row and kApart.
   IL_HOST_DEVICE static inline void tile(const Params& p, int32_t i, Cursor& at, int32_t& m_idx, int32_t& n_idx) {
-    const int32_t used =
-        grouped_walk::seek(at, i, p.tiles_m, [&](int32_t g) { return used_cluster_tiles(p, g); });
+    grouped_walk::seek(at, i, 1, [&](int32_t g) { return positions(p, g); });
     const int32_t in_group = i - at.first;
+    if (apart_group(p, at.group)) {
+      m_idx = at.group * p.tiles_m + in_group * p.cluster_n;
+      n_idx = kApart;
+      return;
+    }
+    const int32_t used = used_cluster_tiles(p, at.group);
     const int32_t weight_row = in_group / used;
     m_idx = at.group * p.tiles_m + weight_row;
     n_idx = in_group - weight_row * used;
   }
 
-  // Whether the engine's tile (m_idx, n_idx: a row tile) holds none of its group's rows: a cluster's
-  // second row tile where the group has tile_rows rows or fewer. The engine skips its math (wgmmas
-  // on zeros: 4.06 ms against 3.78-3.86 at C / 8, bench/results/NOTES.md, sixteenth session).
+  // CTA `rank` of a cluster's tile of the cluster tile (m_idx, n_idx) tile() gave: row tile
+  // cluster_n * n_idx + rank of tile row m_idx; apart, row tile 0 of tile row m_idx + rank, or, past
+  // the group's tile rows (an odd run's last), row tile 1 of m_idx, which is empty.
+  IL_HOST_DEVICE static inline void cta_tile(const Params& p, int32_t m_idx, int32_t n_idx, int32_t rank,
+                                             int32_t& m, int32_t& n) {
+    if (n_idx != kApart) {
+      m = m_idx;
+      n = n_idx * p.cluster_n + rank;
+    } else if (m_idx % p.tiles_m + rank < p.tiles_m) {
+      m = m_idx + rank;
+      n = 0;
+    } else {
+      m = m_idx;
+      n = 1;
+    }
+  }
+
+  // Whether the CTA of tile row m_idx loads its b alone (its cluster works apart) rather than a
+  // 1 / cluster_n share of it, multicast.
+  IL_HOST_DEVICE static inline bool apart(const Params& p, int32_t m_idx) { return apart_group(p, m_idx / p.tiles_m); }
+
+  // Whether the engine's tile (m_idx, n_idx: a row tile) holds none of its group's rows: a row tile
+  // past them, in a cluster's tile or apart. The engine skips its math.
   IL_HOST_DEVICE static inline bool empty(const Params& p, int32_t m_idx, int32_t n_idx) {
     return n_idx * p.tile_rows >= rows_of(p, m_idx / p.tiles_m);
   }

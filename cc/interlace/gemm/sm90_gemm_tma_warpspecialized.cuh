@@ -79,6 +79,14 @@ struct HasEmptyTiles : std::false_type {};
 template <class Order>
 struct HasEmptyTiles<Order, std::void_t<decltype(&Order::empty)>> : std::true_type {};
 
+// An order whose clusters may also work apart (SwappedGroupedOrder, along N: a small group's weight
+// tiles, one per CTA) gives each CTA's tile of a position (cta_tile) and says where a CTA loads its
+// A alone rather than its share of a multicast (apart): load_apart below.
+template <class Order, class = void>
+struct HasApartTiles : std::false_type {};
+template <class Order>
+struct HasApartTiles<Order, std::void_t<decltype(&Order::apart)>> : std::true_type {};
+
 template <class Order, bool = HasCursor<Order>::value>
 struct WalkState {};
 template <class Order>
@@ -125,11 +133,56 @@ struct TileWalk {
       Order::tile(order, position, cluster_m_idx, tile_n_idx);
     }
     next += step;
-    *m_idx = cluster_m_idx * kClusterM + rank_in_cluster % kClusterM;
-    *n_idx = tile_n_idx * kClusterN + rank_in_cluster / kClusterM;
+    if constexpr (HasApartTiles<Order>::value) {
+      static_assert(kClusterM == 1, "clusters that work apart run along N");
+      Order::cta_tile(order, cluster_m_idx, tile_n_idx, rank_in_cluster, *m_idx, *n_idx);
+    } else {
+      *m_idx = cluster_m_idx * kClusterM + rank_in_cluster % kClusterM;
+      *n_idx = tile_n_idx * kClusterN + rank_in_cluster / kClusterM;
+    }
     return true;
   }
 };
+
+// CUTLASS's Mainloop::load for a CTA of a cluster along N that works apart from its partners
+// (HasApartTiles): A's TMA box is a 1 / kClusterN slice of the tile, which each CTA otherwise loads
+// and multicasts to all; here the CTA loads every slice itself, multicast to itself only. The
+// stages still go round in step with the partners' (their consumers release each other's stages),
+// which holds since every CTA of a cluster loads the same number of k-tiles per position.
+template <class Config, class LoadInputs, class BlockCoord, class KTileIterator>
+__device__ __forceinline__ void load_apart(const typename Config::Mainloop::Params& mainloop,
+                                           typename Config::Pipeline& pipeline, typename Config::PipelineState state,
+                                           const LoadInputs& load_inputs, const BlockCoord& blk_coord,
+                                           KTileIterator k_iter, int k_tiles,
+                                           typename Config::Mainloop::TensorStorage& tensors) {
+  using namespace cute;
+  using Mainloop = typename Config::Mainloop;
+  static_assert(Config::kClusterM == 1 && Config::kClusterN > 1, "a cluster along N");
+  if (!cute::elect_one_sync()) return;
+  Tensor sA = make_tensor(make_smem_ptr(tensors.smem_A.data()), typename Mainloop::SmemLayoutA{});  // (M, K, stage)
+  Tensor sB = make_tensor(make_smem_ptr(tensors.smem_B.data()), typename Mainloop::SmemLayoutB{});  // (N, K, stage)
+  auto [m, n, k, l] = blk_coord;
+  Tensor gA = get<0>(load_inputs)(_, _, m, _, l);  // (M, K, k)
+  Tensor gB = get<1>(load_inputs)(_, _, n, _, l);  // (N, K, k)
+  auto tma_b = mainloop.tma_load_b.get_slice(0);   // B is not multicast: one slice
+  Tensor tBgB = tma_b.partition_S(gB);
+  Tensor tBsB = tma_b.partition_D(sB);
+  const uint16_t self = static_cast<uint16_t>(1u << cute::block_rank_in_cluster());
+  for (; k_tiles > 0; --k_tiles) {
+    pipeline.producer_acquire(state);
+    auto* barrier = pipeline.producer_get_barrier(state);
+    const int stage = state.index();
+    CUTE_UNROLL
+    for (int slice = 0; slice < Config::kClusterN; ++slice) {
+      auto tma_a = mainloop.tma_load_a.get_slice(slice);
+      copy(mainloop.tma_load_a.with(*barrier, self), tma_a.partition_S(gA)(_, _, _, *k_iter),
+           tma_a.partition_D(sA)(_, _, _, stage));
+    }
+    copy(mainloop.tma_load_b.with(*barrier, 0), tBgB(_, _, _, *k_iter), tBsB(_, _, _, stage));
+    ++k_iter;
+    ++state;
+  }
+}
 
 template <class Config, class Order, class InputWait, class Params, class LoadInputs>
 __device__ __forceinline__ void run_producer(const Params& params, typename Config::Pipeline& pipeline,
@@ -148,6 +201,14 @@ __device__ __forceinline__ void run_producer(const Params& params, typename Conf
     int32_t group = 0, m_in_group = m_idx;
     if constexpr (HasGroups<Order>::value) Order::locate(params.order, m_idx, group, m_in_group);
     auto k_iter = make_coord_iterator(idx2crd(k_run * k_tiles, k_shape), k_shape);
+    if constexpr (HasApartTiles<Order>::value) {
+      if (Order::apart(params.order, m_idx)) {
+        load_apart<Config>(params.mainloop, pipeline, state, load_inputs, make_coord(m_in_group, n_idx, _, group),
+                           k_iter, k_tiles, shared.mainloop.tensors);
+        state.advance(k_tiles);
+        continue;
+      }
+    }
     mainloop.load(alt ? params.mainloop_alt : params.mainloop, pipeline, state, load_inputs,
                   make_coord(m_in_group, n_idx, _, group), k_iter, k_tiles,
                   static_cast<int>(threadIdx.x % 32), cute::block_rank_in_cluster(), shared.mainloop.tensors);
