@@ -43,6 +43,19 @@ std::vector<Tile> walk(const GroupedOrder::Params& p, int32_t groups, int32_t fi
   return tiles;
 }
 
+// One walk over all of an order's positions, in order: each one's (tile row, column) as tile() gives it.
+template <class Order>
+std::vector<std::pair<int32_t, int32_t>> walk_all(const typename Order::Params& p, int32_t groups) {
+  std::vector<std::pair<int32_t, int32_t>> walked;
+  typename Order::Cursor at;
+  for (int32_t i = 0; i < Order::count(p, groups); ++i) {
+    int32_t m_idx, n_idx;
+    Order::tile(p, i, at, m_idx, n_idx);
+    walked.emplace_back(m_idx, n_idx);
+  }
+  return walked;
+}
+
 TEST(GroupedOrder, TheWalksTogetherTakeEachTileOfEachGroupsRowsOnce) {
   std::mt19937 rng(7);
   for (auto [cluster_m, tile_n] : {std::pair{1, 128}, {2, 128}, {1, 256}, {2, 256}}) {
@@ -98,13 +111,7 @@ TEST(GroupedOrder, AGroupsColumnsRunOneAfterAnother) {
   const std::vector<int32_t> rows = {300, 130};
   const GroupedOrder::Params p = GroupedOrder::make(rows.data(), 300, 256, 1, 128);
   ASSERT_EQ(GroupedOrder::count(p, 2), 10);
-  std::vector<std::pair<int32_t, int32_t>> walked;
-  GroupedOrder::Cursor at;
-  for (int32_t i = 0; i < 10; ++i) {
-    int32_t m_idx, n_idx;
-    GroupedOrder::tile(p, i, at, m_idx, n_idx);
-    walked.emplace_back(m_idx, n_idx);
-  }
+  const std::vector<std::pair<int32_t, int32_t>> walked = walk_all<GroupedOrder>(p, 2);
   const std::vector<std::pair<int32_t, int32_t>> expected = {{0, 0}, {1, 0}, {2, 0}, {0, 1}, {1, 1},
                                                              {2, 1}, {3, 0}, {4, 0}, {3, 1}, {4, 1}};
   EXPECT_EQ(walked, expected);
@@ -175,13 +182,7 @@ TEST(SwappedGroupedOrder, TheWalksTogetherTakeEachTileOnceInEqualShares) {
   // them, 2 clusters of 2), 2 weight-tile rows.
   const std::vector<int32_t> rows = {500};
   const SwappedGroupedOrder::Params p = SwappedGroupedOrder::make(rows.data(), 500, 256, 160, 2);
-  std::vector<std::pair<int32_t, int32_t>> walked;
-  SwappedGroupedOrder::Cursor at;
-  for (int32_t i = 0; i < SwappedGroupedOrder::count(p, 1); ++i) {
-    int32_t m_idx, n_idx;
-    SwappedGroupedOrder::tile(p, i, at, m_idx, n_idx);
-    walked.emplace_back(m_idx, n_idx);
-  }
+  const std::vector<std::pair<int32_t, int32_t>> walked = walk_all<SwappedGroupedOrder>(p, 1);
   const std::vector<std::pair<int32_t, int32_t>> expected = {{0, 0}, {0, 1}, {1, 0}, {1, 1}};
   EXPECT_EQ(walked, expected);
 
@@ -189,12 +190,8 @@ TEST(SwappedGroupedOrder, TheWalksTogetherTakeEachTileOnceInEqualShares) {
   // the 3 tile rows) an empty row tile.
   const std::vector<int32_t> small = {100};
   const SwappedGroupedOrder::Params q = SwappedGroupedOrder::make(small.data(), 320, 384, 160, 2);
-  ASSERT_EQ(SwappedGroupedOrder::count(q, 1), 2);
   std::vector<std::pair<int32_t, int32_t>> ctas;
-  SwappedGroupedOrder::Cursor at_q;
-  for (int32_t i = 0; i < 2; ++i) {
-    int32_t m_idx, n_idx;
-    SwappedGroupedOrder::tile(q, i, at_q, m_idx, n_idx);
+  for (auto [m_idx, n_idx] : walk_all<SwappedGroupedOrder>(q, 1)) {
     EXPECT_EQ(n_idx, SwappedGroupedOrder::kApart);
     for (int32_t r = 0; r < 2; ++r) {
       int32_t m, n;
