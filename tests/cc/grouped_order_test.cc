@@ -202,6 +202,10 @@ TEST(SwappedGroupedOrder, TheWalksTogetherTakeEachTileOnceInEqualShares) {
   const std::vector<std::pair<int32_t, int32_t>> apart = {{0, 0}, {1, 0}, {2, 0}, {2, 1}};
   EXPECT_EQ(ctas, apart);
   EXPECT_TRUE(SwappedGroupedOrder::empty(q, 2, 1));
+  // The odd last run's two CTAs share tile row 2, so they read it as a pair does, once.
+  EXPECT_TRUE(SwappedGroupedOrder::apart(q, 0));
+  EXPECT_TRUE(SwappedGroupedOrder::apart(q, 1));
+  EXPECT_FALSE(SwappedGroupedOrder::apart(q, 2));
 }
 
 // Where grouped_gemm swaps: automatically for K-major b with 256 < C <= 320, K > N and no setting

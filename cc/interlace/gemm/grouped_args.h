@@ -40,6 +40,8 @@ struct GroupedGemmTuning {
 // in one CTA, but a TMA box spans at most 256 rows.)
 constexpr int kSwappedGroupedRows = 160;
 constexpr int kSwappedGroupedClusterN = 2;
+static_assert(kSwappedGroupedClusterN == 1 || kSwappedGroupedClusterN == 2,
+              "SwappedGroupedOrder's apart runs take clusters of one or two row tiles");
 
 // The tiles' width where grouped_gemm runs the swapped problem (SwappedGroupedOrder), else 0.
 // Automatically where b is K-major (Linear weights), 256 < C <= 320 and K > N: there the unswapped

@@ -129,7 +129,7 @@ struct SwappedGroupedOrder {
     int32_t capacity = 0;           // C
     int32_t tile_rows = 0;          // a group's rows per tile: the tiles' width
     int32_t tiles_m = 0;            // weight-tile rows per group: ceil(N / kTileM)
-    int32_t cluster_n = 1;          // row tiles per cluster tile (the engine's kClusterN)
+    int32_t cluster_n = 1;          // row tiles per cluster tile (the engine's kClusterN): 1 or 2
   };
 
   static constexpr int32_t kTileM = 128;  // the engine's tile height, over N
@@ -207,8 +207,12 @@ struct SwappedGroupedOrder {
   }
 
   // Whether the CTA of tile row m_idx loads its b alone (its cluster works apart) rather than a
-  // 1 / cluster_n share of it, multicast.
-  IL_HOST_DEVICE static inline bool apart(const Params& p, int32_t m_idx) { return apart_group(p, m_idx / p.tiles_m); }
+  // 1 / cluster_n share of it, multicast. An odd last run (one tile row, tiles_m odd) is shared as a
+  // pair's: both CTAs have that row (cta_tile), so reading it once is right.
+  IL_HOST_DEVICE static inline bool apart(const Params& p, int32_t m_idx) {
+    const int32_t row = m_idx % p.tiles_m;
+    return apart_group(p, m_idx / p.tiles_m) && row - row % p.cluster_n + p.cluster_n <= p.tiles_m;
+  }
 
   // Whether the engine's tile (m_idx, n_idx: a row tile) holds none of its group's rows: a row tile
   // past them, in a cluster's tile or apart. The engine skips its math.

@@ -168,6 +168,7 @@ __device__ __forceinline__ void load_apart(const typename Config::Mainloop::Para
   Tensor tBgB = tma_b.partition_S(gB);
   Tensor tBsB = tma_b.partition_D(sB);
   const uint16_t self = static_cast<uint16_t>(1u << cute::block_rank_in_cluster());
+  CUTLASS_PRAGMA_NO_UNROLL
   for (; k_tiles > 0; --k_tiles) {
     pipeline.producer_acquire(state);
     auto* barrier = pipeline.producer_get_barrier(state);
@@ -201,10 +202,10 @@ __device__ __forceinline__ void run_producer(const Params& params, typename Conf
     int32_t group = 0, m_in_group = m_idx;
     if constexpr (HasGroups<Order>::value) Order::locate(params.order, m_idx, group, m_in_group);
     auto k_iter = make_coord_iterator(idx2crd(k_run * k_tiles, k_shape), k_shape);
-    if constexpr (HasApartTiles<Order>::value) {
+    if constexpr (HasApartTiles<Order>::value && Config::kClusterN > 1) {
       if (Order::apart(params.order, m_idx)) {
-        load_apart<Config>(params.mainloop, pipeline, state, load_inputs, make_coord(m_in_group, n_idx, _, group),
-                           k_iter, k_tiles, shared.mainloop.tensors);
+        load_apart<Config>(alt ? params.mainloop_alt : params.mainloop, pipeline, state, load_inputs,
+                           make_coord(m_in_group, n_idx, _, group), k_iter, k_tiles, shared.mainloop.tensors);
         state.advance(k_tiles);
         continue;
       }
