@@ -123,7 +123,12 @@ struct Config {
     // bounded wait needs; and its barriers' shared addresses, which the CTA's first thread sets
     // before the roles part (a register holding them into the waiter's loop was spilled).
     alignas(16) char waiter_walk[128];
-    uint32_t waiter_q_full, waiter_empty, waiter_ready;
+    uint32_t waiter_work_full, waiter_work_empty, waiter_empty, waiter_ready;
+    // A persistent Source's next tile, from the producer to the waiter as soon as the producer takes
+    // it: the waiter then walks its keys while the consumers finish the tile before, so that its
+    // first key tile loads beside its Q rather than after Q lands.
+    QueryTile waiter_work;
+    cutlass::arch::ClusterBarrier::ValueType work_full, work_empty;
   };
   static_assert(sizeof(SharedStorage) <= 227 * 1024, "more shared memory than an SM gives a CTA");
 
@@ -347,8 +352,9 @@ __device__ __forceinline__ void mbarrier_arrive(uint32_t barrier) {
 // The waiter warp of a schedule that waits (one thread; attention_tiles): for each key tile the producer
 // will load, in the same order, waits for the keys (Schedule::wait_keys, over the whole box TMA
 // reads), then until the producer's stage is free (the K pipeline's empty barrier, at the producer's
-// phase), then raises keys_ready[stage]. It learns each tile as the consumers do, from shared.work
-// behind q_full (a persistent Source; a OneTile Source is known to every thread). It runs on the
+// phase), then raises keys_ready[stage]. It learns each tile from the producer as soon as it is taken
+// (shared.waiter_work behind work_full, a persistent Source; a OneTile Source is known to every
+// thread), so its walk reaches the tile's first keys while the consumers finish the last. It runs on the
 // producer warpgroup's registers (24 beside 192-key tiles), most of which the bounded wait inside
 // wait_keys takes: so the walk lives in shared memory, and the schedule, which only refers to
 // kernel parameters, is made afresh from it at each key tile rather than kept.
@@ -377,8 +383,9 @@ __device__ __forceinline__ void wait_for_keys(const Params<Config>& p, Source& s
     if constexpr (Source::kOneTile) {
       w.tile = source.next();
     } else {
-      mbarrier_wait(shared.waiter_q_full, w.n & 1);
-      w.tile = shared.work;
+      mbarrier_wait(shared.waiter_work_full, w.n & 1);
+      w.tile = shared.waiter_work;
+      mbarrier_arrive(shared.waiter_work_empty);
       if (w.tile.valid == 0) return;
     }
     w.g = -1;
@@ -411,9 +418,10 @@ __device__ __forceinline__ void wait_for_keys(const Params<Config>& p, Source& s
 //   QueryTile next()                    the producer thread's: the CTA's next tile; valid == 0: none left
 //   Schedule schedule(const QueryTile&) the tile's keys (any thread)
 //   kOneTile                            true: next() is the CTA's only tile, the same in every thread
-// The producer takes tile n + 1 while the consumers still work on tile n, and loads its Q as soon as
-// both consumers are done with tile n's (q_empty), so that a tile's start hides under the last one's
-// end. The tile itself travels to the consumers through shared memory, behind q_full.
+// The producer takes tile n + 1 while the consumers still work on tile n, prefetches its Q to L2 and
+// loads it as soon as both consumers are done with tile n's (q_empty), so that a tile's start hides
+// under the last one's end. The tile itself travels to the consumers through shared memory, behind
+// q_full (and to the waiter, below, at once, behind work_full).
 // A schedule that waits for its keys (kWaits: ring attention's, on flags other GPUs raise) does so in
 // a second warp of the producer warpgroup, the waiter: it walks the same key tiles as the producer,
 // waits for each (and for the producer's stage to be free, so that it never runs a round ahead),
@@ -453,7 +461,10 @@ __device__ __forceinline__ void attention_tiles(const Params<Config>& p, Source&
     cutlass::arch::ClusterBarrier::init(&shared.q_empty, Config::kConsumers * cutlass::NumThreadsPerWarpGroup);
     for (int s = 0; s < Config::kStages; ++s) cutlass::arch::ClusterBarrier::init(&shared.keys_ready[s], 1);
     if constexpr (Schedule::kWaits) {
-      shared.waiter_q_full = cute::cast_smem_ptr_to_uint(&shared.q_full[0]);
+      cutlass::arch::ClusterBarrier::init(&shared.work_full, 1);
+      cutlass::arch::ClusterBarrier::init(&shared.work_empty, 1);
+      shared.waiter_work_full = cute::cast_smem_ptr_to_uint(&shared.work_full);
+      shared.waiter_work_empty = cute::cast_smem_ptr_to_uint(&shared.work_empty);
       shared.waiter_empty = cute::cast_smem_ptr_to_uint(&shared.pipeline_k.empty_barrier_[0]);
       shared.waiter_ready = cute::cast_smem_ptr_to_uint(&shared.keys_ready[0]);
     }
@@ -475,9 +486,29 @@ __device__ __forceinline__ void attention_tiles(const Params<Config>& p, Source&
     }
     if (warp_idx != 0 || !cute::elect_one_sync()) return;
     auto state = cutlass::make_producer_start_state<Pipeline>();
+    // Q's two 64-row halves of a tile, as TMA reads them and where they land.
+    auto q_halves = [&](const QueryTile& t) {
+      Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.rows_q, HeadDim{}, p.heads_q, p.batch, 1));
+      Tensor gQ = local_tile(domain_offset(make_coord(t.row0, 0), mQ(_, _, t.head, t.batch, 0)),
+                             Shape<_64, HeadDim>{}, make_coord(_, 0));  // (64, D, halves)
+      return tma_partition(p.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+    };
     for (int n = 0;; ++n) {
       const QueryTile tile = source.next();
       if constexpr (!Source::kOneTile) {
+        // The tile is known some key tiles before the consumers free Q: the waiter learns it now,
+        // and Q heads for L2, so that Q and the first keys load together, and from L2, once Q is free.
+        if constexpr (Schedule::kWaits) {
+          if (n > 0) cutlass::arch::ClusterBarrier::wait(&shared.work_empty, (n - 1) & 1);
+          asm volatile("" ::: "memory");
+          shared.waiter_work = tile;
+          asm volatile("" ::: "memory");
+          cutlass::arch::ClusterBarrier::arrive(&shared.work_full);
+        }
+        if (tile.valid != 0) {
+          auto halves = q_halves(tile);
+          for (int c = 0; c < Config::kConsumers; ++c) prefetch(p.tma_q, get<0>(halves)(_, c));
+        }
         // Both consumers are done with tile n - 1's Q, and have read it from shared memory.
         if (n > 0) cutlass::arch::ClusterBarrier::wait(&shared.q_empty, (n - 1) & 1);
         asm volatile("" ::: "memory");  // the wait (asm without a memory clobber) before the store
@@ -491,10 +522,7 @@ __device__ __forceinline__ void attention_tiles(const Params<Config>& p, Source&
       // Query heads per K/V head, worked out here rather than before the roles part: a value kept
       // across the producer's setmaxnreg.dec to 24 registers would be spilled.
       const int head_kv = tile.head / (p.heads_q / p.heads_kv);
-      Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.rows_q, HeadDim{}, p.heads_q, p.batch, 1));
-      Tensor gQ = local_tile(domain_offset(make_coord(tile.row0, 0), mQ(_, _, tile.head, tile.batch, 0)),
-                             Shape<_64, HeadDim>{}, make_coord(_, 0));  // (64, D, halves)
-      auto [tQgQ, tQsQ] = tma_partition(p.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+      auto [tQgQ, tQsQ] = q_halves(tile);
       for (int c = 0; c < Config::kConsumers; ++c) {
         auto& full = *reinterpret_cast<cutlass::arch::ClusterTransactionBarrier*>(&shared.q_full[c]);
         full.arrive_and_expect_tx(Config::kQHalfBytes);
