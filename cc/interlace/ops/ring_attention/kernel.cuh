@@ -42,19 +42,11 @@ struct RingAttentionParams {
 
 namespace ring_attention_detail {
 
-// The next number of op `op` from a counter: 0, 1, ... in the order callers get here (CTAs' roles,
-// compute CTAs' tiles). The word holds (op << 32 | count), so a count an aborted call left behind is
-// void in the next call.
-__device__ inline int take_ticket(unsigned long long* word, uint64_t op) {
-  const unsigned long long tag = (op & 0xffffffffull) << 32;
-  unsigned long long seen = *reinterpret_cast<volatile unsigned long long*>(word), assumed;
-  do {
-    assumed = seen;
-    const unsigned long long next = (assumed & ~0xffffffffull) == tag ? assumed + 1 : tag | 1;
-    seen = atomicCAS(word, assumed, next);
-  } while (seen != assumed);
-  return (assumed & ~0xffffffffull) == tag ? static_cast<int>(assumed & 0xffffffffull) : 0;
-}
+// The next number from a counter: 0, 1, ... in the order callers get here (CTAs' roles, compute
+// CTAs' tiles). One atomicAdd: a compare-and-swap loop, which all CTAs of a launch enter at once, let
+// one CTA through per round trip, and the last of 132 got its role about 0.1 ms late, twice over
+// (seventeenth session). The counters are zero at a call's start: its last CTA out resets them.
+__device__ inline int take_ticket(unsigned int* counter) { return static_cast<int>(atomicAdd(counter, 1u)); }
 
 // The keys a compute CTA visits: per step, its own K/V first, then the blocks of ranks r-1, r-2, ...
 // as they land; per step up to two segments, the halves of the block the plan pairs with the CTA's
@@ -118,7 +110,7 @@ struct RingSource {
 
   // The producer thread's, on 24 registers: the flags come from the transport (kernel parameters).
   __device__ attention_engine::QueryTile next() {
-    const int x = take_ticket(&op_flags<RingAttentionFlags, OpId::kRingAttention>(transport.my_pad())->tiles, op);
+    const int x = take_ticket(&op_flags<RingAttentionFlags, OpId::kRingAttention>(transport.my_pad())->tiles);
     return x < plan.work_tiles() ? engine_tile(plan.query_tile(x)) : attention_engine::QueryTile{};
   }
   __device__ static attention_engine::QueryTile engine_tile(const RingAttentionPlan::QueryTile& q) {
@@ -237,7 +229,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   __shared__ int ticket;
   if (threadIdx.x == 0) {
     op = *reinterpret_cast<volatile uint64_t*>(&t.my_pad()->ops.completed) + 1;
-    ticket = take_ticket(&flags.ticket, op);
+    ticket = take_ticket(&flags.ticket);
   }
   __syncthreads();
   const int role = ticket;
@@ -260,6 +252,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     // The producer's warp comes back diverged (one lane issued the loads): reconverge it before
     // op_end's __syncthreads, an aligned barrier every lane of a warp must reach together.
     __syncwarp();
+  }
+  // Every CTA took its tickets before it got here: the last one zeroes the counters for the next call
+  // (an aborted call's are never read again: every later call stops at op_enter).
+  if (device::last_cta_to_arrive(&flags.arrived) && threadIdx.x == 0) {
+    flags.ticket = 0;
+    flags.tiles = 0;
   }
   device::op_end(t);
 #elif defined(__CUDA_ARCH__)

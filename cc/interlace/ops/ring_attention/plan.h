@@ -216,11 +216,12 @@ struct RingAttentionPlan {
 // Flags in ring attention's region of every rank's signal pad.
 struct RingAttentionFlags {
   uint64_t landed[kRingAttentionMaxPieces];  // written by rank - 1 (the sender), waited on here
-  // local: (op number << 32 | CTAs that took a role), so that roles go by the order in which CTAs
-  // start (senders first: they must be running before anyone waits for them), and a count left by
-  // an aborted call is void in the next.
-  unsigned long long ticket;
-  unsigned long long tiles;  // local: (op number << 32 | query tiles taken), the compute CTAs' queue
+  // Local counters, zero between calls (the call's last CTA out resets them): CTAs that took a role,
+  // so that roles go by the order in which CTAs start (senders first: they must be running before
+  // anyone waits for them); query tiles taken, the compute CTAs' queue; CTAs done.
+  unsigned int ticket;
+  unsigned int tiles;
+  unsigned int arrived;
 };
 
 // Checks the arguments (W in 1 .. kRingAttentionMaxRanks, 0 <= rank < W, S >= 0 and under 2^31
