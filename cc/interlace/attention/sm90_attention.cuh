@@ -499,13 +499,15 @@ __device__ __forceinline__ void attention_tiles(const Params<Config>& p, Source&
         // The tile is known some key tiles before the consumers free Q: the waiter learns it now,
         // and Q heads for L2, so that Q and the first keys load together, and from L2, once Q is free.
         if constexpr (Schedule::kWaits) {
+          // Hardly ever waits: the waiter read tile n - 1 before it raised keys_ready for its keys,
+          // which this thread has waited on (and with no keys, it had only tile n - 2's walk to end).
           if (n > 0) cutlass::arch::ClusterBarrier::wait(&shared.work_empty, (n - 1) & 1);
           asm volatile("" ::: "memory");
           shared.waiter_work = tile;
           asm volatile("" ::: "memory");
           cutlass::arch::ClusterBarrier::arrive(&shared.work_full);
         }
-        if (tile.valid != 0) {
+        if (n > 0 && tile.valid != 0) {  // the first tile's Q loads at once
           auto halves = q_halves(tile);
           for (int c = 0; c < Config::kConsumers; ++c) prefetch(p.tma_q, get<0>(halves)(_, c));
         }

@@ -12,10 +12,11 @@
 //      raises the piece's landing flag there; from step 1 on it first waits for the piece to land here;
 //   3. a compute CTA takes query tiles (tile, head, batch) in the plan's order (heaviest first), from
 //      a queue or by its role, and runs each against step 0's block (its own K/V), then each later step's,
-//      its producer waiting for the pieces of a key tile to land (then a proxy fence, for TMA) before
-//      loading it. Under the causal mask with the zigzag sharding, the plan names the (query half,
+//      its waiter warp waiting for the pieces of a key tile to land before the producer (after a
+//      proxy fence, for TMA) loads it. Under the causal mask with the zigzag sharding, the plan names the (query half,
 //      key half) pairs a step computes, full or on the diagonal (ring_attention/plan.h).
-// All flags grow across calls (op number x 128 + step), so a captured graph replays correctly.
+// All flags grow across calls (op number x 128 + step), so a captured graph replays correctly; the
+// role and tile counters are zeroed by each call's last CTA.
 #pragma once
 
 #include <cstdint>
