@@ -7,7 +7,8 @@ machine:
   PYTHONPATH=<wheel dir> ncu --section SpeedOfLight --metrics sm__cycles_active.avg,sm__cycles_active.max,\\
     sm__cycles_active.min,smsp__inst_executed.sum --launch-skip 2 --launch-count 2 \\
     -k regex:'ring_attention_kernel|sm90_attention_kernel' python3 tools/probes/ring_vs_plain.py 8192 32 1
-sm__cycles_active.max over .avg is the launch's tail (SMs idle while others finish)."""
+sm__cycles_active.max over .avg is the launch's tail (SMs idle while others finish). Arguments:
+S heads causal [timed iterations, 0 under ncu] [head size D, 128 or 64]."""
 import sys
 
 import torch
@@ -15,9 +16,9 @@ import torch
 import interlace
 
 
-def main(s, heads, causal, timed_iters=20):
+def main(s, heads, causal, timed_iters=20, d=128):
     group = interlace.init(rank=0, world_size=1, master_addr="127.0.0.1", master_port=29517, heap_bytes=1 << 30)
-    q, k, v = (torch.randn(1, s, heads, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = (torch.randn(1, s, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out_ring, out_plain = torch.empty_like(q), torch.empty_like(q)
     lse = torch.empty(1, heads, s, device="cuda", dtype=torch.float32)
     calls = {
@@ -30,7 +31,7 @@ def main(s, heads, causal, timed_iters=20):
     torch.cuda.synchronize()
     group.check()
     err = ((out_ring.float() - out_plain.float()).norm() / out_plain.float().norm()).item()
-    print(f"S={s} heads={heads} causal={causal}: ring against plain, relative difference {err:.2e}")
+    print(f"S={s} heads={heads} D={d} causal={causal}: ring against plain, relative difference {err:.2e}")
     if timed_iters:
         times = {}
         for name, call in calls.items():
@@ -48,4 +49,5 @@ def main(s, heads, causal, timed_iters=20):
 
 if __name__ == "__main__":
     args = sys.argv[1:] or ["8192", "32", "1"]
-    sys.exit(main(int(args[0]), int(args[1]), bool(int(args[2])), timed_iters=int(args[3]) if len(args) > 3 else 20))
+    sys.exit(main(int(args[0]), int(args[1]), bool(int(args[2])), timed_iters=int(args[3]) if len(args) > 3 else 20,
+                  d=int(args[4]) if len(args) > 4 else 128))

@@ -35,29 +35,11 @@
 #include <cuda_fp16.h>
 
 #include "cute/tensor.hpp"
-// After cute/tensor.hpp, which they build on: wgmma shapes CuTe's selector leaves out (N = 176).
-#include "cute/arch/mma_sm90_gmma_ext.hpp"
-#include "cute/atom/mma_traits_sm90_gmma_ext.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/arch/reg_reconfig.h"
 #include "cutlass/pipeline/pipeline.hpp"
 
 namespace interlace::attention_engine {
-
-// The wgmma of S[64, kN] = Q K^T, both operands K-major in shared memory. CuTe's selector offers
-// N = 176 only under a global macro; it is named here instead.
-template <class Element, int kN, int kHeadDim>
-struct QKAtom {
-  using type = decltype(cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::_64, cute::Int<kN>, cute::Int<kHeadDim>>>());
-};
-template <int kHeadDim>
-struct QKAtom<cutlass::bfloat16_t, 176, kHeadDim> {
-  using type = cute::SM90::GMMA::MMA_64x176x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>;
-};
-template <int kHeadDim>
-struct QKAtom<cutlass::half_t, 176, kHeadDim> {
-  using type = cute::SM90::GMMA::MMA_64x176x16_F32F16F16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>;
-};
 
 // A tile of queries: rows [row0, row0 + min(valid, 128)) of one (batch, head); offset0 is row0's
 // offset within its part of the sequence (ring attention's zigzag half `part`; 0 for the plain
@@ -69,8 +51,7 @@ struct QueryTile {
 // kTileK_: keys per tile. 192 at D = 128 gives each softmax and turn more matmul to hide under than
 // 128 (without the mask 0.91 -> 1.00x of cuDNN at S = 8192; with it, where the diagonal then spans up
 // to two masked tiles, 6-8% faster: bench/results/NOTES.md); two stages of K and V still fit in
-// shared memory, with 3 KB to spare. Ring attention, whose consumers have 224 registers rather than
-// 240, takes 176 without the mask (192 spills there) and 128 with it (176 gained nothing there).
+// shared memory, with 3 KB to spare. Ring attention takes the same tiles.
 template <class Element_, int kHeadDim_, int kTileK_ = 128>
 struct Config {
   using Element = Element_;
@@ -87,7 +68,8 @@ struct Config {
   using HeadDim = cute::Int<kHeadDim>;
   using TileK = cute::Int<kTileK>;
   // Per consumer: S[64, kTileK] = Q[64, D] K[kTileK, D]^T, both K-major in shared memory.
-  using TiledMmaQK = decltype(cute::make_tiled_mma(typename QKAtom<Element, kTileK, kHeadDim>::type{}));
+  using TiledMmaQK = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::_64, TileK, HeadDim>>()));
   // O[64, D] += P[64, kTileK] V[kTileK, D]: P from registers, V in shared memory with D contiguous
   // (the B operand, (N = D, K = keys), is MN-major).
   using TiledMmaPV = decltype(cute::make_tiled_mma(
@@ -353,8 +335,8 @@ __device__ __forceinline__ void mbarrier_arrive(uint32_t barrier) {
 // will load, in the same order, waits for the keys (Schedule::wait_keys, over the whole box TMA
 // reads), then until the producer's stage is free (the K pipeline's empty barrier, at the producer's
 // phase), then raises keys_ready[stage]. It learns each tile from the producer as soon as it is taken
-// (shared.waiter_work behind work_full, a persistent Source; a OneTile Source is known to every
-// thread), so its walk reaches the tile's first keys while the consumers finish the last. It runs on the
+// (shared.waiter_work behind work_full; only a queue's tiles wait, never a OneTile Source's), so its
+// walk reaches the tile's first keys while the consumers finish the last. It runs on the
 // producer warpgroup's registers (24 beside 192-key tiles), most of which the bounded wait inside
 // wait_keys takes: so the walk lives in shared memory, and the schedule, which only refers to
 // kernel parameters, is made afresh from it at each key tile rather than kept.
@@ -363,6 +345,7 @@ __device__ __forceinline__ void wait_for_keys(const Params<Config>& p, Source& s
                                               typename Config::SharedStorage& shared) {
   using Pipeline = typename Config::Pipeline;
   using Schedule = decltype(source.schedule(QueryTile{}));
+  static_assert(!Source::kOneTile, "the waiter learns its tiles from the producer's hand-off");
   constexpr int kTileK = Config::kTileK;
   constexpr uint32_t kBarrierBytes = 8;  // an mbarrier; a stage's barriers are consecutive
   static_assert(sizeof(shared.keys_ready[0]) == kBarrierBytes &&
@@ -380,14 +363,10 @@ __device__ __forceinline__ void wait_for_keys(const Params<Config>& p, Source& s
   Walk& w = *reinterpret_cast<Walk*>(shared.waiter_walk);
   w.stage = cutlass::make_producer_start_state<Pipeline>();
   for (w.n = 0;; ++w.n) {
-    if constexpr (Source::kOneTile) {
-      w.tile = source.next();
-    } else {
-      mbarrier_wait(shared.waiter_work_full, w.n & 1);
-      w.tile = shared.waiter_work;
-      mbarrier_arrive(shared.waiter_work_empty);
-      if (w.tile.valid == 0) return;
-    }
+    mbarrier_wait(shared.waiter_work_full, w.n & 1);
+    w.tile = shared.waiter_work;
+    mbarrier_arrive(shared.waiter_work_empty);
+    if (w.tile.valid == 0) return;
     w.g = -1;
     w.j = 0;
     w.seen = -1;
@@ -409,7 +388,6 @@ __device__ __forceinline__ void wait_for_keys(const Params<Config>& p, Source& s
       mbarrier_arrive(shared.waiter_ready + kBarrierBytes * w.stage.index());
       ++w.stage;
     }
-    if constexpr (Source::kOneTile) return;
   }
 }
 

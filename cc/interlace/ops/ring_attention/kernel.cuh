@@ -1,20 +1,20 @@
 // Ring attention in one launch: every rank's K/V block travels around the ring over NVLink while the
 // attention engine (attention/sm90_attention.cuh) computes on the blocks that have landed.
 //
-// The grid is a few sender CTAs plus the compute CTAs: under the causal mask up to one per SM, each
-// taking query tiles from a queue, else one per query tile. CTAs take their role from a ticket
-// in the order they start, senders first: a sender must be running before anyone waits for it, and
-// the compute CTAs behind the senders start only once they finish. Per launch:
+// The grid is a few sender CTAs plus the compute CTAs, up to one per SM, each taking query tiles from
+// a queue. CTAs take their role from a ticket in the order they start, senders first: a sender must
+// be running before anyone waits for it, and the compute CTAs behind the senders start only once
+// they finish. Per launch:
 //   1. every CTA makes the op handshake (device/op_sequence.cuh): every peer runs this call, and has
 //      finished the previous one, so nothing still reads the receive slots stores land in;
 //   2. sender c, for each step s < W - 1, forwards piece c, c + senders, ... of step s's block (its
 //      own K/V at step 0, then what rank - 1 sent) into rank + 1's receive slot for step s + 1, and
 //      raises the piece's landing flag there; from step 1 on it first waits for the piece to land here;
-//   3. a compute CTA takes query tiles (tile, head, batch) in the plan's order (heaviest first), from
-//      a queue or by its role, and runs each against step 0's block (its own K/V), then each later step's,
+//   3. a compute CTA takes query tiles (tile, head, batch) from the queue in the plan's order
+//      (heaviest first) and runs each against step 0's block (its own K/V), then each later step's,
 //      its waiter warp waiting for the pieces of a key tile to land before the producer (after a
-//      proxy fence, for TMA) loads it. Under the causal mask with the zigzag sharding, the plan names the (query half,
-//      key half) pairs a step computes, full or on the diagonal (ring_attention/plan.h).
+//      proxy fence, for TMA) loads it. Under the causal mask with the zigzag sharding, the plan names
+//      the (query half, key half) pairs a step computes, full or on the diagonal (ring_attention/plan.h).
 // All flags grow across calls (op number x 128 + step), so a captured graph replays correctly; the
 // role and tile counters are zeroed by each call's last CTA.
 #pragma once
@@ -210,12 +210,12 @@ __device__ void send(const RingAttentionParams<Config>& p, RingAttentionFlags& f
 
 }  // namespace ring_attention_detail
 
-// kPersistent: one compute CTA per SM, taking query tiles from a queue (RingSource), for the causal
-// mask, under which a tile averages half the work and a CTA per tile paid its start and end (the op
-// handshake, the role ticket, op_end: a chain of global memory round trips) on every tile: the queue
-// made the causal ring 0.5-4% faster on one GPU. Else one compute CTA per query tile: persistent CTAs
-// were 4-6.5% slower there at S = 16384 on one GPU. bench/results/NOTES.md, fourteenth session.
-template <class Config, bool kPersistent>
+// The compute CTAs, one per SM or fewer where there are fewer query tiles, take query tiles from a
+// queue (RingSource): a CTA per tile paid its start and end (the op handshake, the role ticket,
+// op_end: a chain of global memory round trips) on every tile. The queue made the causal ring 0.5-4%
+// faster on one GPU (fourteenth session) and, once its tickets were one atomicAdd, the ring without
+// the mask 0.5-1.5% (seventeenth). bench/results/NOTES.md.
+template <class Config>
 __global__ void __launch_bounds__(Config::kThreads, 1)
     ring_attention_kernel(const __grid_constant__ RingAttentionParams<Config> p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -239,17 +239,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   } else {
     extern __shared__ __align__(1024) char smem[];
     auto& shared = *reinterpret_cast<typename Config::SharedStorage*>(smem);
-    if constexpr (kPersistent) {
-      RingSource source{p.plan, t, p.wait, op};
-      // 192-key tiles need 240 consumer registers, which leaves the producer warpgroup 24: enough
-      // since its flag waits run in a warp of their own (attention_tiles' waiter).
-      constexpr bool kWide = Config::kTileK > 128;
-      attention_engine::attention_tiles<Config, RingSource, kWide ? 24 : 56, kWide ? 240 : 224>(p.attn, source, shared);
-    } else if (const int x = role - p.senders; x < p.plan.work_tiles()) {  // else the one CTA of an empty call
-      const attention_engine::QueryTile tile = RingSource::engine_tile(p.plan.query_tile(x));
-      attention_engine::OneTile<RingSchedule> source{tile, RingSchedule{p.plan, tile.part, t, p.wait, op}};
-      attention_engine::attention_tiles<Config, decltype(source), 48, 224>(p.attn, source, shared);
-    }
+    RingSource source{p.plan, t, p.wait, op};
+    // 192-key tiles need 240 consumer registers, which leaves the producer warpgroup 24: enough
+    // since its flag waits run in a warp of their own (attention_tiles' waiter).
+    constexpr bool kWide = Config::kTileK > 128;
+    attention_engine::attention_tiles<Config, RingSource, kWide ? 24 : 56, kWide ? 240 : 224>(p.attn, source, shared);
     // The producer's warp comes back diverged (one lane issued the loads): reconverge it before
     // op_end's __syncthreads, an aligned barrier every lane of a warp must reach together.
     __syncwarp();

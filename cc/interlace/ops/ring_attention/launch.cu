@@ -18,35 +18,26 @@ using detail::concat;
 constexpr int kSenders = 16;
 constexpr int kMaxSenders = 128;
 
-// The launch's shape: sender CTAs, then the compute CTAs: persistent ones (ring_attention_kernel's
-// kPersistent, under the causal mask), one per SM or fewer where there are fewer query tiles, which
-// take the tiles from a queue; else one per query tile. At least one CTA, so that an empty call still
-// takes its place in the op sequence. The compute CTAs behind the senders start as these finish.
+// The launch's shape: sender CTAs, then the compute CTAs, one per SM or fewer where there are fewer
+// query tiles, which take the tiles from a queue. At least one CTA, so that an empty call still takes
+// its place in the op sequence. The compute CTAs behind the senders start as these finish.
 struct RingGrid {
   int32_t senders = 0;
-  bool persistent = false;  // the launch runs ring_attention_kernel<Config, true>
   int64_t ctas = 1;
 };
 
-// Keys per tile at D = 128: 192 under the causal mask, whose persistent kernel gives its consumers
-// 240 registers (ring_attention_kernel); 176 without it, where the per-tile kernel keeps 224 (192
-// keys with 240 registers were 1% slower there, bench/results/NOTES.md, fifteenth session). 128 at
+// Keys per tile: 192 at D = 128, whose consumers get 240 registers (ring_attention_kernel), 128 at
 // D = 64. launch's dispatch follows plan.tile_k, so the two cannot differ.
-int key_tile(const AttentionProblem& a, bool causal) {
-  if (a.head_dim != 128) return 128;
-  return causal ? 192 : 176;
-}
+int key_tile(const AttentionProblem& a) { return a.head_dim == 128 ? 192 : 128; }
 
 RingGrid ring_grid(const RingAttentionPlan& plan, int sender_ctas, int num_sms) {
   RingGrid g;
   g.senders = plan.world > 1 ? std::min(sender_ctas > 0 ? sender_ctas : kSenders, plan.pieces()) : 0;
-  g.persistent = plan.causal != 0;
-  g.ctas = std::max<int64_t>(1, g.senders + (g.persistent ? std::min<int64_t>(plan.work_tiles(), num_sms)
-                                                            : plan.work_tiles()));
+  g.ctas = std::max<int64_t>(1, g.senders + std::min<int64_t>(plan.work_tiles(), num_sms));
   return g;
 }
 
-template <class Element, int kHeadDim, int kTileK, bool kPersistent>
+template <class Element, int kHeadDim, int kTileK>
 void launch(OpCall& call, Group& group, const AttentionProblem& a, const RingAttentionPlan& plan, const RingGrid& grid,
             uint64_t signature, uint64_t recv, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
             const TensorView* lse) {
@@ -87,7 +78,7 @@ void launch(OpCall& call, Group& group, const AttentionProblem& a, const RingAtt
   static_assert(Config::kTileQ == 128, "the plan's tile_q");
   p.senders = grid.senders;
   call.launch([&](cudaStream_t s) {  // within launch: a failure here aborts the group, as peers run
-    auto kernel = ring_attention_kernel<Config, kPersistent>;
+    auto kernel = ring_attention_kernel<Config>;
     const int smem = static_cast<int>(sizeof(typename Config::SharedStorage));
     IL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     kernel<<<static_cast<unsigned>(grid.ctas), Config::kThreads, smem, s>>>(p);
@@ -116,7 +107,7 @@ void ring_attention(Group& group, const TensorView& q, const TensorView& k, cons
     IL_CHECK(seq_len >= 0, "ring_attention: seq_len ", seq_len, " is negative (0 or None: world_size x S_local)");
     const int64_t seq = seq_len > 0 ? seq_len : a.seq_q * topo.world_size;
     plan = make_ring_attention_plan(topo.world_size, topo.rank, seq, causal, static_cast<int>(a.heads_q),
-                                    static_cast<int>(a.heads_kv), 128, key_tile(a, causal), static_cast<int>(a.batch));
+                                    static_cast<int>(a.heads_kv), 128, key_tile(a), static_cast<int>(a.batch));
     IL_CHECK(plan.local_rows(topo.rank) == a.seq_q, "ring_attention: rank ", topo.rank, "'s shard of a sequence of ",
              seq, " rows over ", topo.world_size, " ranks has ", plan.local_rows(topo.rank), " rows, but q has ",
              a.seq_q, seq_len > 0 ? "" : " (pass seq_len, the global length, where 2 x world_size does not divide it)");
@@ -127,9 +118,6 @@ void ring_attention(Group& group, const TensorView& q, const TensorView& k, cons
     IL_CHECK(plan.work_tiles() < (int64_t{1} << 30), "ring_attention: ", plan.work_tiles(),
              " query tiles (128 rows of one head and batch each) are more than one call takes");
     grid = ring_grid(plan, sender_ctas, group.num_sms());
-    // by_dim below has a kernel for each (head_dim, tile_k, persistent) that key_tile and ring_grid give.
-    IL_CHECK(a.head_dim == 64 || grid.persistent == (plan.tile_k == 192), "ring_attention: no kernel for ",
-             plan.tile_k, "-key tiles with persistent=", grid.persistent);
     const int64_t elem = 2;
     const uint64_t bytes = static_cast<uint64_t>(std::max(topo.world_size - 1, 0)) * 2 * a.batch *
                            plan.max_local_rows() * a.heads_kv * a.head_dim * elem;
@@ -141,16 +129,11 @@ void ring_attention(Group& group, const TensorView& q, const TensorView& k, cons
   });
   // An empty call still runs its kernel (the handshake alone): every call takes its place in the op
   // sequence on every rank.
-  // Persistent compute CTAs where ring_grid sized the grid for them; at D = 128, 128 x 176 tiles
-  // only without the causal mask and 128 x 192 only with it (key_tile), so only those two kernels exist.
+  // One kernel per head size, with key_tile's tiles.
   auto by_dim = [&](auto element) {
     using E = decltype(element);
-    if (a.head_dim == 64) {
-      return grid.persistent ? launch<E, 64, 128, true>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse)
-                             : launch<E, 64, 128, false>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse);
-    }
-    if (plan.tile_k == 176) return launch<E, 128, 176, false>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse);
-    launch<E, 128, 192, true>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse);
+    if (a.head_dim == 64) return launch<E, 64, 128>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse);
+    launch<E, 128, 192>(call, group, a, plan, grid, signature, recv, q, k, v, out, lse);
   };
   a.dtype == AttentionDtype::kBf16 ? by_dim(cutlass::bfloat16_t{}) : by_dim(cutlass::half_t{});
 }
