@@ -138,7 +138,7 @@ void check_coverage(int world, int64_t seq, bool causal, int tile_q, int tile_k,
 }
 
 TEST(RingAttentionPlan, EveryVisiblePairExactlyOnce) {
-  const int tiles[][2] = {{4, 3}, {3, 4}, {1, 1}, {128, 128}, {128, 176}, {5, 5}};
+  const int tiles[][2] = {{4, 3}, {3, 4}, {1, 1}, {128, 128}, {128, 192}, {5, 5}};
   for (int world = 1; world <= 8; ++world) {
     for (int64_t seq : lengths(world)) {
       for (bool causal : {false, true}) {
@@ -209,10 +209,10 @@ TEST(RingAttentionPlan, PiecesCoverEveryRowAndFitThePad) {
   struct Case { int world; int64_t seq; int heads_kv; int batch; };
   for (const Case& c : {Case{2, 16384, 32, 1}, Case{2, 65536, 8, 4}, Case{8, 1 << 20, 64, 2}, Case{3, 1000, 4, 3},
                         Case{1, 5, 1, 1}, Case{4, 0, 2, 1}, Case{2, (int64_t{1} << 30), 128, 128}}) {
-    for (int tile_k : {128, 176}) {  // the engine's key tiles: causal, and D = 128 without the mask
+    for (int tile_k : {128, 192}) {  // the engine's key tiles: D = 64 and D = 128
       SCOPED_TRACE(::testing::Message() << "W " << c.world << " S " << c.seq << " tile_k " << tile_k);
       const RingAttentionPlan p =
-          make_ring_attention_plan(c.world, 0, c.seq, tile_k == 128, c.heads_kv, c.heads_kv, 128, tile_k, c.batch);
+          make_ring_attention_plan(c.world, 0, c.seq, tile_k == 192, c.heads_kv, c.heads_kv, 128, tile_k, c.batch);
       EXPECT_EQ(p.flag_rows % p.tile_k, 0);
       EXPECT_GE(p.flag_rows, kRingAttentionFlagRows);
       EXPECT_LE(p.pieces(), kRingAttentionMaxPieces);
