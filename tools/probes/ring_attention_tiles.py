@@ -4,7 +4,7 @@ so that the next shape still runs. Against fp32 SDPA, out poisoned first. Writte
 compute CTAs (causal calls since the fourteenth session) hung on a CTA's second tile
 (bench/results/NOTES.md, thirteenth session). Under the causal mask S = 600 is two zigzag halves of
 300 rows, 3 query tiles each: 6 tiles per head, so 22 heads give 132 (one per CTA on 132 SMs) and 23
-give 138 (some CTAs take two). Without the mask (a CTA per tile) 5 tiles per head.
+give 138 (some CTAs take two). Without the mask 5 tiles per head: 27 heads give 135.
 Run on the GPU machine:
 PYTHONPATH=<wheel dir> python3 tools/probes/ring_attention_tiles.py [S:heads:causal ...]"""
 import sys

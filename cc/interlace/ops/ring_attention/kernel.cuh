@@ -55,7 +55,7 @@ __device__ inline int take_ticket(unsigned int* counter) { return static_cast<in
 struct RingSchedule {
   static constexpr bool kWaits = true;  // wait_keys waits on other GPUs' flags: a waiter warp
   const RingAttentionPlan& plan;
-  int32_t query_half;  // 0 or 1 (causal); non-causal CTAs take the shard whole
+  int32_t query_half;  // 0 or 1 (causal); without the mask query tiles span the shard whole
   const device::NvlinkTransport& transport;
   const device::WaitContext& wait;
   const uint64_t& op;  // in shared memory (ring_attention_kernel): no register holds it
@@ -82,7 +82,7 @@ struct RingSchedule {
   // waiter goes down a segment's tiles and each tile's pieces, so a tile's first piece is the next
   // one's last. A failed wait (a dead peer, an abort) is recorded and the loads go ahead on whatever
   // is there: the consumers never hang, and the host raises the fault. On the producer warpgroup's
-  // 24 registers: the flags come from the transport (kernel parameters) at each use.
+  // 24 registers (56 at D = 64): the flags come from the transport (kernel parameters) at each use.
   __device__ int wait_keys(const attention_engine::KeySegment& seg, int batch, int head_kv, int lo, int hi,
                            int seen) const {
     hi = min(hi, static_cast<int>(plan.max_local_rows()));  // past the slot, TMA reads zeros
@@ -109,7 +109,7 @@ struct RingSource {
   const device::WaitContext& wait;
   const uint64_t& op;  // in shared memory (ring_attention_kernel)
 
-  // The producer thread's, on 24 registers: the flags come from the transport (kernel parameters).
+  // The producer thread's, on 24 registers (56 at D = 64): the flags come from the transport.
   __device__ attention_engine::QueryTile next() {
     const int x = take_ticket(&op_flags<RingAttentionFlags, OpId::kRingAttention>(transport.my_pad())->tiles);
     return x < plan.work_tiles() ? engine_tile(plan.query_tile(x)) : attention_engine::QueryTile{};
@@ -244,8 +244,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     // since its flag waits run in a warp of their own (attention_tiles' waiter).
     constexpr bool kWide = Config::kTileK > 128;
     attention_engine::attention_tiles<Config, RingSource, kWide ? 24 : 56, kWide ? 240 : 224>(p.attn, source, shared);
-    // The producer's warp comes back diverged (one lane issued the loads): reconverge it before
-    // op_end's __syncthreads, an aligned barrier every lane of a warp must reach together.
+    // The producer's warp comes back diverged (one lane issued the loads): reconverge it before the
+    // __syncthreads below, aligned barriers every lane of a warp must reach together.
     __syncwarp();
   }
   // Every CTA took its tickets before it got here: the last one zeroes the counters for the next call

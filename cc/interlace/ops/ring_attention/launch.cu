@@ -27,7 +27,7 @@ struct RingGrid {
 };
 
 // Keys per tile: 192 at D = 128, whose consumers get 240 registers (ring_attention_kernel), 128 at
-// D = 64. launch's dispatch follows plan.tile_k, so the two cannot differ.
+// D = 64. The plan's tile_k must be the kernel's, which by_dim picks by head size, as here.
 int key_tile(const AttentionProblem& a) { return a.head_dim == 128 ? 192 : 128; }
 
 RingGrid ring_grid(const RingAttentionPlan& plan, int sender_ctas, int num_sms) {

@@ -169,7 +169,7 @@ struct RingAttentionPlan {
   }
   IL_HOST_DEVICE int32_t pieces_per_head() const { return tiles_of(max_local_rows(), flag_rows); }
   IL_HOST_DEVICE int32_t pieces() const { return batch * heads_kv * pieces_per_head(); }
-  // In 32 bits (rows < 2^31): on the GPU the waiter warp runs it, on 24 registers.
+  // In 32 bits (rows < 2^31): on the GPU the waiter warp runs it, on 24 registers (56 at D = 64).
   IL_HOST_DEVICE int32_t piece_of(int32_t b, int32_t h, int32_t row) const {
     return (b * heads_kv + h) * pieces_per_head() + row / flag_rows;
   }
@@ -192,7 +192,8 @@ struct RingAttentionPlan {
     int32_t batch, head, half, row0, rows, offset;
   };
   // In 32 bits (work_tiles() < 2^30 and rows < 2^31, both checked on the host): on the GPU the
-  // producer thread of a persistent CTA runs it, on 24 registers, where 64-bit divisions are calls.
+  // producer thread of a compute CTA runs it, on 24 registers (56 at D = 64), where 64-bit divisions
+  // are calls.
   IL_HOST_DEVICE QueryTile query_tile(int32_t x) const {
     const int32_t second = query_tiles(1) * heads_q * batch;
     QueryTile t;
