@@ -113,10 +113,7 @@ __device__ inline bool last_cta_to_arrive(uint32_t* arrived) {
   if (threadIdx.x == 0) {
     __threadfence();
     last = atomicAdd(arrived, 1u) == gridDim.x - 1;
-    if (last) {
-      __threadfence();  // acquire: what the others stored before their arrival is seen from here on
-      *arrived = 0;
-    }
+    if (last) *arrived = 0;
   }
   __syncthreads();
   return last;
