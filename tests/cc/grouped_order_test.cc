@@ -36,7 +36,9 @@ std::vector<Tile> walk(const GroupedOrder::Params& p, int32_t groups, int32_t fi
       EXPECT_GE(row, 0);
       EXPECT_LT(row, p.tile_rows);
       const int32_t used = GroupedOrder::rows_of(p, group);
-      if (cta == 0) EXPECT_LT(row * GroupedOrder::kTileM, used) << "a cluster tile without rows, position " << i;
+      if (cta == 0) {
+        EXPECT_LT(row * GroupedOrder::kTileM, used) << "a cluster tile without rows, position " << i;
+      }
       if (row * GroupedOrder::kTileM < used) tiles.emplace_back(group, row, n_idx);
     }
   }
@@ -164,7 +166,9 @@ TEST(SwappedGroupedOrder, TheWalksTogetherTakeEachTileOnceInEqualShares) {
               EXPECT_EQ(SwappedGroupedOrder::apart(p, m), SwappedGroupedOrder::apart(p, m_idx)) << "position " << i;
               const bool has_rows = row_tile * tile_rows < SwappedGroupedOrder::rows_of(p, group);
               EXPECT_EQ(SwappedGroupedOrder::empty(p, m, row_tile), !has_rows) << "position " << i;
-              if (cta == 0) EXPECT_TRUE(has_rows) << "a cluster tile without rows, position " << i;
+              if (cta == 0) {
+                EXPECT_TRUE(has_rows) << "a cluster tile without rows, position " << i;
+              }
               if (has_rows) {
                 EXPECT_TRUE(seen.emplace(group, row, row_tile).second) << "a tile taken twice";
               }
