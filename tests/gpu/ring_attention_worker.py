@@ -222,8 +222,9 @@ def scenario_validation():
     expect_error(lambda: interlace.ring_attention(q, k, v, out, group, lse=torch.empty(1, 4, 3, device="cuda")), "lse")
     expect_error(lambda: interlace.ring_attention(q, k, v, q, group), "overlap")
     expect_error(lambda: interlace.ring_attention(q, k, v, out, group, sender_ctas=-1), "sender_ctas")
-    # Arguments that differ across ranks: every rank raises, none hangs.
-    expect_error(lambda: interlace.ring_attention(q, k, v, out, group, causal=RANK == 0), "")
+    # Arguments that differ across ranks: every rank raises, none hangs (one rank has no other).
+    if WORLD > 1:
+        expect_error(lambda: interlace.ring_attention(q, k, v, out, group, causal=RANK == 0), "")
     torch.cuda.synchronize()
     if not torch.equal(out, before):
         raise AssertionError(f"rank {RANK}: a call that raised wrote to out")
