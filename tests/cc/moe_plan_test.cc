@@ -494,6 +494,25 @@ void check_kernel_rules(const MoePlan& p, const Routing& topk, const MoeReferenc
       ++inside;
     }
     ASSERT_EQ(inside, kept) << "expert " << e;
+    // sources_of_rows against the sources of the reference's rows, over tiles of several heights.
+    for (int32_t tile : {1, 3, 16, 128}) {
+      for (int32_t lo = 0; lo < kept + tile; lo += tile) {
+        const int32_t hi = lo + tile;
+        std::set<int> sources;
+        for (int32_t r = lo; r < std::min(hi, kept); ++r) sources.insert(ref.slots[d][first + r].source_rank);
+        const MoePlan::SourceRange range = p.sources_of_rows(ref.counts.data(), e, lo, hi);
+        SCOPED_TRACE(::testing::Message() << "expert " << e << " rows [" << lo << ", " << hi << ")");
+        if (sources.empty()) {
+          ASSERT_GT(range.first, range.last);
+          continue;
+        }
+        ASSERT_EQ(range.first, *sources.begin());
+        ASSERT_EQ(range.last, *sources.rbegin());
+        for (int s = range.first; s <= range.last; ++s) {
+          ASSERT_TRUE(sources.count(s) == 1 || ref.run(p, d, s, p.local_expert(e)).kept == 0) << "source " << s;
+        }
+      }
+    }
   }
 }
 
