@@ -151,7 +151,8 @@ def grouped_gemm(a, b, out, rows, *, stream=None, cluster_m=0, tile_n=0, swap=No
     them, two such tiles one cluster that reads each slice of b[g] once (b K-major only; cluster_m and
     tile_n left 0); None: where b is K-major, 256 < C <= 320 and K > N, with the other settings
     automatic (there 128-row tiles take three CTAs, each reading b[g] again); False: never. Where
-    most groups have C / 2 rows or fewer, swap=False is about 10% faster. Raises interlace.Error before any GPU work on bad arguments."""
+    most groups have C / 2 rows or fewer, swap=False is about 10% faster. Raises interlace.Error
+    before any GPU work on bad arguments."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: interlace.grouped_gemm writes into out")
     if swap is not None and not isinstance(swap, bool):

@@ -49,8 +49,8 @@ static_assert(kSwappedGroupedClusterN == 1 || kSwappedGroupedClusterN == 2,
 // two swapped tiles covers C and reads it once. Measured at G 128, C 320, K 7168 > N 4096
 // (bench/results/NOTES.md, sixteenth session) against the unswapped problem: 1.42x at full groups,
 // 1.17x at 0.8 C, 0.89-0.91x at C / 8, where most groups fill one row tile and the cluster's CTAs
-// work apart (seventeenth session; the host cannot see the counts to choose). With K 2048 < N 7168 it lost at 0.8 C (fifteenth session), hence
-// K > N. Raises where swap is 1 and the problem cannot (b not K-major, or cluster_m or tile_n set).
+// work apart (seventeenth session; the host cannot see the counts to choose). With K 2048 < N 7168
+// it lost at 0.8 C (fifteenth session), hence K > N. Raises where swap is 1 and the problem cannot (b not K-major, or cluster_m or tile_n set).
 int swapped_tile_rows(const GroupedGemmTuning& tuning, bool b_k_major, int64_t capacity, int64_t k, int64_t n,
                       const char* op = "grouped_gemm");
 

@@ -194,8 +194,7 @@ __device__ __forceinline__ void run_producer(const Params& params, typename Conf
   auto state = cutlass::make_producer_start_state<typename Config::Pipeline>();
   auto k_shape = shape<3>(get<0>(load_inputs));
   TileWalk<Order, Config::kClusterM, Config::kClusterN> walk(params.order, params.num_tiles, params.k_runs,
-                                                             gridDim.x - params.copy_ctas,
-                                          0, 1, params.groups);
+                                                             gridDim.x - params.copy_ctas, 0, 1, params.groups);
   int m_idx, n_idx, k_run;
   while (walk.get(&m_idx, &n_idx, &k_run)) {
     const bool alt = InputWait::wait(params.input_wait, m_idx, n_idx);
@@ -233,8 +232,8 @@ __device__ __forceinline__ void run_consumer(const Params& params, typename Conf
   const int mma_thread_idx = threadIdx.x % Schedule::kStageConsumers;
   const int walker = Schedule::walker(group);
   TileWalk<Order, Config::kClusterM, Config::kClusterN> walk(params.order, params.num_tiles, params.k_runs,
-                                                             gridDim.x - params.copy_ctas,
-                                          walker, Schedule::kWalkers, params.groups);
+                                                             gridDim.x - params.copy_ctas, walker,
+                                                             Schedule::kWalkers, params.groups);
   state.advance(walker * k_tiles);
   int m_idx, n_idx, k_run;
   while (walk.get(&m_idx, &n_idx, &k_run)) {
