@@ -5,55 +5,12 @@
 #include "interlace/base/cuda.h"
 #include "interlace/gemm/grouped_args.h"
 #include "interlace/gemm/grouped_order.h"
+#include "interlace/gemm/grouped_store.cuh"
 #include "interlace/gemm/launch.cuh"
 #include "interlace/gemm/sm90_gemm_tma_warpspecialized.cuh"
 
 namespace interlace {
 namespace {
-
-// StoreTile into the tile's group: out[g] at g * group_stride, rows past the group's count left alone.
-template <class Element>
-struct GroupedStore {
-  struct Params {
-    Element* out;
-    int64_t ldc;
-    int64_t group_stride;
-    GroupedOrder::Params order;
-  };
-
-  template <class TileShape, class Accumulators, class TiledMma>
-  __device__ __forceinline__ static void store(const Params& p, const Accumulators& accum, const TiledMma& tiled_mma,
-                                               int thread_idx, int m_idx, int n_idx, int k_run, int /*m*/, int n) {
-    int32_t group, row;
-    GroupedOrder::locate(p.order, m_idx, group, row);
-    const typename gemm_engine::StoreTile<Element>::Params out{p.out + group * p.group_stride, p.ldc};
-    gemm_engine::StoreTile<Element>::template store<TileShape>(out, accum, tiled_mma, thread_idx, row, n_idx, k_run,
-                                                               GroupedOrder::rows_of(p.order, group), n);
-  }
-};
-
-// The swapped problem's tile into its group: out[g] at g * group_stride, transposed (the tile's rows
-// are out's columns), columns past the group's count left alone.
-template <class Element>
-struct SwappedGroupedStore {
-  struct Params {
-    Element* out;
-    int64_t ldc;
-    int64_t group_stride;
-    SwappedGroupedOrder::Params order;
-  };
-
-  // m: N (the swapped problem's rows).
-  template <class TileShape, class Accumulators, class TiledMma>
-  __device__ __forceinline__ static void store(const Params& p, const Accumulators& accum, const TiledMma& tiled_mma,
-                                               int thread_idx, int m_idx, int n_idx, int k_run, int m, int /*n*/) {
-    int32_t group, row;
-    SwappedGroupedOrder::locate(p.order, m_idx, group, row);
-    const typename gemm_engine::StoreTransposedTile<Element>::Params out{p.out + group * p.group_stride, p.ldc};
-    gemm_engine::StoreTransposedTile<Element>::template store<TileShape>(
-        out, accum, tiled_mma, thread_idx, row, n_idx, k_run, m, SwappedGroupedOrder::rows_of(p.order, group));
-  }
-};
 
 // K = 0: each group's rows are an empty sum. Block (g, y) zeroes rows y, y + gridDim.y, ... of group g.
 template <class Element>
@@ -72,7 +29,7 @@ void launch(const GroupedGemmProblem& p, const TensorView& a, const TensorView& 
             const GroupedOrder::Params& order, cudaStream_t stream, int num_sms) {
   using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, /*kPingpong=*/kTileN == 128>;
   static_assert(Config::kTileM == GroupedOrder::kTileM, "the order counts the engine's tiles");
-  using Epilogue = GroupedStore<Element>;
+  using Epilogue = gemm_engine::GroupedStore<Element>;
   using Params = gemm_engine::GemmParams<Config, GroupedOrder, gemm_engine::NoInputWait, Epilogue>;
   constexpr auto kernel = gemm_engine::sm90_gemm_kernel<Config, GroupedOrder, gemm_engine::NoInputWait, Epilogue>;
   Params params{};
@@ -94,24 +51,11 @@ void launch_swapped(const GroupedGemmProblem& p, const TensorView& a, const Tens
   using Config = gemm_engine::Sm90GemmConfig<Element, /*kBKMajor=*/true, kTileRows, /*kClusterM=*/1,
                                              /*kPingpong=*/false, /*kTileM=*/128, kClusterN>;
   static_assert(Config::kTileM == SwappedGroupedOrder::kTileM, "the order counts the engine's tiles");
-  using Epilogue = SwappedGroupedStore<Element>;
+  using Epilogue = gemm_engine::SwappedGroupedStore<Element>;
   using Params = gemm_engine::GemmParams<Config, SwappedGroupedOrder, gemm_engine::NoInputWait, Epilogue>;
   constexpr auto kernel = gemm_engine::sm90_gemm_kernel<Config, SwappedGroupedOrder, gemm_engine::NoInputWait, Epilogue>;
-  GemmProblem one;  // one group's swapped problem: N rows, C columns
-  one.m = p.n;
-  one.n = p.capacity;
-  one.k = p.k;
-  one.lda = p.ldb;  // b[g] K-major: n's row of K is ldb apart
-  one.ldb = p.lda;  // a[g]'s rows, K-major
   Params params{};
-  params.mainloop = gemm_engine::mainloop_params<Config>(one, b.data, a.data, static_cast<int>(p.groups), p.group_b,
-                                                         p.group_a);
-  params.m = static_cast<int32_t>(p.n);
-  params.n = static_cast<int32_t>(p.capacity);
-  params.k = static_cast<int32_t>(p.k);
-  params.groups = static_cast<int32_t>(p.groups);
-  params.order = order;
-  params.num_tiles = tiles;
+  gemm_engine::set_swapped_grouped_problem<Config>(params, p, a.data, b.data, order, tiles);
   params.epilogue = {static_cast<Element*>(out.data), p.ldc, p.group_out, order};
   const int ctas = std::min(params.num_tiles, num_sms / kClusterN) * kClusterN;
   gemm_engine::launch_kernel<Config>(kernel, params, ctas, stream);

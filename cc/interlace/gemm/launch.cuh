@@ -122,6 +122,27 @@ void set_grouped_problem(Params& params, const GroupedGemmProblem& p, const void
   params.num_tiles = static_cast<int32_t>(p.groups * order.tile_rows / Config::kClusterM * order.tiles_n);
 }
 
+// The swapped grouped problem (out[g]^T = b[g]^T a[g]^T, grouped_gemm.cu) in the engine's parameters:
+// b[g] (K-major) is the engine's A, N rows; a[g] its B, C columns; the order and its positions
+// (checked_swapped_order's tiles).
+template <class Config, class Params>
+void set_swapped_grouped_problem(Params& params, const GroupedGemmProblem& p, const void* a, const void* b,
+                                 const SwappedGroupedOrder::Params& order, int32_t tiles) {
+  GemmProblem one;  // one group's swapped problem: N rows, C columns
+  one.m = p.n;
+  one.n = p.capacity;
+  one.k = p.k;
+  one.lda = p.ldb;  // b[g] K-major: n's row of K is ldb apart
+  one.ldb = p.lda;  // a[g]'s rows, K-major
+  params.mainloop = mainloop_params<Config>(one, b, a, static_cast<int>(p.groups), p.group_b, p.group_a);
+  params.m = static_cast<int32_t>(p.n);
+  params.n = static_cast<int32_t>(p.capacity);
+  params.k = static_cast<int32_t>(p.k);
+  params.groups = static_cast<int32_t>(p.groups);
+  params.order = order;
+  params.num_tiles = tiles;
+}
+
 // The launch of `ctas` CTAs (a multiple of Config::kClusterSize) of the engine's kernel with all the
 // shared memory its stages take. Raises where the build has no kernel image for this GPU.
 template <class Config, class Params>
