@@ -65,12 +65,13 @@ __device__ __forceinline__ uint64_t op_number(const device::NvlinkTransport& t) 
   return *reinterpret_cast<volatile uint64_t*>(&t.my_pad()->ops.completed) + 1;
 }
 
-// All threads: this CTA has finished `phase`; its stores, into peers too, are visible before its word rises.
-__device__ __forceinline__ void arrive(MoeFlags& f, uint64_t n, uint64_t phase) {
+// All threads: this CTA (number `cta` among those that wait on each other) has finished `phase`; its
+// stores, into peers too, are visible before its word rises.
+__device__ __forceinline__ void arrive(MoeFlags& f, uint64_t n, uint64_t phase, int32_t cta) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();
-    device::store_release_gpu(&f.barrier[blockIdx.x], n * kMoePhases + phase);
+    device::store_release_gpu(&f.barrier[cta], n * kMoePhases + phase);
   }
 }
 
@@ -78,11 +79,11 @@ __device__ __forceinline__ void arrive(MoeFlags& f, uint64_t n, uint64_t phase) 
 // CTA would take L2 bandwidth from the CTAs still copying.
 constexpr int kMoePollers = 32;
 
-// All threads: waits until every CTA of this kernel has arrived at `phase`. False if a wait failed
-// (the group is aborted; the host raises).
-__device__ __forceinline__ bool await_all(MoeFlags& f, uint64_t n, uint64_t phase, const device::WaitContext& ctx,
-                                          int* failed) {
-  for (uint32_t b = threadIdx.x; threadIdx.x < kMoePollers && b < gridDim.x; b += kMoePollers) {
+// All threads: waits until CTAs 0 .. ctas - 1 have arrived at `phase`. False if a wait failed (the
+// group is aborted; the host raises).
+__device__ __forceinline__ bool await_all(MoeFlags& f, uint64_t n, uint64_t phase, int32_t ctas,
+                                          const device::WaitContext& ctx, int* failed) {
+  for (int32_t b = threadIdx.x; threadIdx.x < kMoePollers && b < ctas; b += kMoePollers) {
     if (device::wait_until<false>(&f.barrier[b], n * kMoePhases + phase, ctx, FlagId::kBarrier, -1) == 0) *failed = 1;
   }
   __syncthreads();
@@ -110,12 +111,24 @@ __device__ __forceinline__ void raise_everywhere(const MoeCommonParams& c, MoeFl
   }
 }
 
-// One warp: bytes (a multiple of 16) from src to dst in 16-byte vectors.
+// One warp: bytes (a multiple of 16) from src to dst in 16-byte vectors, kCopyDepth loads in flight
+// per lane before their stores (one at a time, a row waited a memory round trip per 512 bytes: with
+// moe_dispatch_gemm's few copier SMs that was the whole dispatch's pace).
+constexpr int kCopyDepth = 8;
 __device__ __forceinline__ void warp_copy(char* dst, const char* src, int64_t bytes) {
   const int lane = threadIdx.x % 32;
   uint4* d = reinterpret_cast<uint4*>(dst);
   const uint4* s = reinterpret_cast<const uint4*>(src);
-  for (int64_t v = lane; v < bytes / 16; v += 32) d[v] = s[v];
+  const int64_t vectors = bytes / 16;
+  int64_t v = lane;
+  for (; v + (kCopyDepth - 1) * 32 < vectors; v += kCopyDepth * 32) {
+    uint4 held[kCopyDepth];
+#pragma unroll
+    for (int u = 0; u < kCopyDepth; ++u) held[u] = s[v + u * 32];
+#pragma unroll
+    for (int u = 0; u < kCopyDepth; ++u) d[v + u * 32] = held[u];
+  }
+  for (; v < vectors; v += 32) d[v] = s[v];
 }
 
 // Calls fn(row) for every kept receive row of this rank's local experts, one warp per row over the
@@ -140,8 +153,9 @@ __device__ __forceinline__ int32_t expert_at(const MoeDispatchParams& p, int64_t
   return e >= 0 && e < p.c.plan.experts ? static_cast<int32_t>(e) : -1;
 }
 
-// Phase 0, all threads: numbers this rank's slots for expert e in token order (pos; a token lists
-// an expert at most once, so entry order is token order) and returns how many there are.
+// Phase 0, all threads (whole warps): numbers this rank's slots for expert e in token order (pos; a
+// token lists an expert at most once, so entry order is token order) and returns how many there are.
+// warp_hits: shared, a word per warp.
 template <class IdxT>
 __device__ __forceinline__ int32_t number_slots(const MoeDispatchParams& p, int32_t e, int32_t* warp_hits) {
   const int64_t entries = static_cast<int64_t>(p.c.tokens) * p.c.plan.topk;
@@ -154,7 +168,7 @@ __device__ __forceinline__ int32_t number_slots(const MoeDispatchParams& p, int3
     if (lane == 0) warp_hits[warp] = __popc(ballot);
     __syncthreads();
     int32_t before = running, total = 0;
-    for (int w = 0; w < kMoeWarps; ++w) {
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) {
       const int32_t hits = warp_hits[w];
       before += w < warp ? hits : 0;
       total += hits;
@@ -166,12 +180,12 @@ __device__ __forceinline__ int32_t number_slots(const MoeDispatchParams& p, int3
   return running;
 }
 
-// Phase 1, every thread of the grid: the closed forms for its experts, from the exchanged counts.
-__device__ __forceinline__ void lay_out(const MoeDispatchParams& p) {
+// Phase 1, every thread of CTAs 0 .. ctas - 1: the closed forms for its experts, from the exchanged counts.
+__device__ __forceinline__ void lay_out(const MoeDispatchParams& p, int32_t cta, int32_t ctas) {
   const MoePlan& plan = p.c.plan;
   const int32_t me = p.c.transport.local_rank;
   const int32_t* counts = reinterpret_cast<const int32_t*>(p.c.workspace_here + plan.counts_offset);
-  for (int32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < plan.experts; e += gridDim.x * blockDim.x) {
+  for (int32_t e = cta * blockDim.x + threadIdx.x; e < plan.experts; e += ctas * blockDim.x) {
     p.run_row[e] = plan.run_row(counts, me, e);
     p.run_kept[e] = plan.run_kept(counts, me, e);
     const int32_t kept = plan.kept_rows(counts, e);
@@ -184,6 +198,21 @@ __device__ __forceinline__ void lay_out(const MoeDispatchParams& p) {
       if (lost > 0) atomicAdd(&p.dropped[1], lost);
     }
   }
+}
+
+// One thread, once every CTA has laid out: the drops to the host and into the plan's words. Every
+// rank sees the same counts, so every rank reports the same drop. (Volatile: other CTAs' atomics
+// wrote the sums, in L2.)
+__device__ __forceinline__ void report_drops(const MoeDispatchParams& p, MoeFlags& flags, uint64_t n) {
+  const int32_t dropped_all = *reinterpret_cast<volatile int32_t*>(&p.dropped[0]);
+  if (dropped_all == 0) return;
+  const MoePlan& plan = p.c.plan;
+  flags.plan[plan.dropped_word()] = static_cast<uint64_t>(*reinterpret_cast<volatile int32_t*>(&p.dropped[1]));
+  flags.plan[plan.overflow_flag()] = n;
+  volatile HostControl* host = p.c.wait.control;
+  host->overflow_dropped = dropped_all;
+  __threadfence_system();
+  host->overflowed = n;
 }
 
 // Phase 2, all threads of the CTA, for one token: metadata of its kept slots, its row once per

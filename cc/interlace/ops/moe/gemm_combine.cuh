@@ -112,9 +112,10 @@ struct CombinePhases {
       n = op_number(t);
       failed = 0;
     }
-    arrive(flags, n, 0);  // this CTA's stores home are visible everywhere before its word rises
+    __syncthreads();
+    arrive(flags, n, 0, blockIdx.x);  // this CTA's stores home are visible everywhere before its word rises
     if (blockIdx.x == 0) {
-      if (!await_all(flags, n, 0, c.wait, &failed)) return;
+      if (!await_all(flags, n, 0, gridDim.x, c.wait, &failed)) return;
       if (threadIdx.x < plan.world) t.signal(threadIdx.x, &flags.plan[sent_flag(plan, t.local_rank)], n);
     }
     if (threadIdx.x < plan.world &&

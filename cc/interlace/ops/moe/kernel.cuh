@@ -63,9 +63,9 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_dispatch_kernel(const __gr
       *reinterpret_cast<int32_t*>(t.heaps[threadIdx.x] + c.workspace + plan.count_offset(me, e)) = count;
     }
   }
-  arrive(flags, n, 0);
+  arrive(flags, n, 0, blockIdx.x);
   if (blockIdx.x == 0) {
-    if (!await_all(flags, n, 0, c.wait, &failed)) return;
+    if (!await_all(flags, n, 0, gridDim.x, c.wait, &failed)) return;
     raise_everywhere(c, flags, plan.counts_flag(me), 1, n);
   }
 
@@ -74,20 +74,10 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_dispatch_kernel(const __gr
                    &failed)) {
     return;
   }
-  lay_out(p);
-  arrive(flags, n, 1);
-  if (!await_all(flags, n, 1, c.wait, &failed)) return;
-  // Every rank sees the same counts, so every rank reports the same drop. (Volatile: other CTAs'
-  // atomics wrote the sums, in L2.)
-  const int32_t dropped_all = *reinterpret_cast<volatile int32_t*>(&p.dropped[0]);
-  if (blockIdx.x == 0 && threadIdx.x == 0 && dropped_all > 0) {
-    flags.plan[plan.dropped_word()] = static_cast<uint64_t>(*reinterpret_cast<volatile int32_t*>(&p.dropped[1]));
-    flags.plan[plan.overflow_flag()] = n;
-    volatile HostControl* host = c.wait.control;
-    host->overflow_dropped = dropped_all;
-    __threadfence_system();
-    host->overflowed = n;
-  }
+  lay_out(p, blockIdx.x, gridDim.x);
+  arrive(flags, n, 1, blockIdx.x);
+  if (!await_all(flags, n, 1, gridDim.x, c.wait, &failed)) return;
+  if (blockIdx.x == 0 && threadIdx.x == 0) report_drops(p, flags, n);
 
   // 2: tokens out.
   // A warp per token once there are more tokens than CTAs (Mixtral-like, 4096 tokens: 168 -> 150 us);
@@ -102,9 +92,9 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_dispatch_kernel(const __gr
       send_token<IdxT>(p, token, row, expert, primary);
     }
   }
-  arrive(flags, n, 2);
+  arrive(flags, n, 2, blockIdx.x);
   if (blockIdx.x == 0) {
-    if (!await_all(flags, n, 2, c.wait, &failed)) return;
+    if (!await_all(flags, n, 2, gridDim.x, c.wait, &failed)) return;
     raise_everywhere(c, flags, plan.arrived_flag(me, 0), L, n);
   }
 
@@ -149,9 +139,9 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_combine_kernel(const __gri
     warp_copy(t.heaps[s.source_rank] + c.workspace + plan.combine_row_offset(s.source_token, s.topk_pos),
               p.expert_out + static_cast<int64_t>(r) * plan.row_bytes, plan.row_bytes);
   });
-  arrive(flags, n, 0);
+  arrive(flags, n, 0, blockIdx.x);
   if (blockIdx.x == 0) {
-    if (!await_all(flags, n, 0, c.wait, &failed)) return;
+    if (!await_all(flags, n, 0, gridDim.x, c.wait, &failed)) return;
     raise_everywhere(c, flags, plan.combined_flag(plan.expert_of(me, 0)), L, n);
   }
 
