@@ -17,8 +17,9 @@ from interlace._interlace import Bootstrap, Error, gpu_count
 from interlace import _interlace as _C
 
 __all__ = ["Bootstrap", "Error", "Group", "MoeHandle", "ag_gemm", "all_gather", "all_reduce", "attention", "gemm",
-           "gemm_ar", "gemm_rs", "gpu_count", "grouped_gemm", "init", "moe_combine", "moe_dispatch", "moe_gemm_combine",
-           "moe_no_drop_capacity", "reduce_scatter", "ring_attention", "ring_attention_shard", "ring_attention_unshard"]
+           "gemm_ar", "gemm_rs", "gpu_count", "grouped_gemm", "init", "moe_combine", "moe_dispatch", "moe_dispatch_gemm",
+           "moe_gemm_combine", "moe_no_drop_capacity", "reduce_scatter", "ring_attention", "ring_attention_shard",
+           "ring_attention_unshard"]
 __version__ = "0.1.0"
 
 
@@ -349,6 +350,43 @@ def moe_combine(expert_out, handle, group, *, out, stream=None):
         stream = _frameworks.current_stream(out, expert_out)
     _C.moe_combine(_frameworks.as_dlpack(expert_out), _frameworks.as_dlpack(out), handle, native, stream=stream)
     return out
+
+
+def moe_dispatch_gemm(x, topk_idx, topk_weights, w, group, *, out, num_experts=None, capacity=None,
+                      capacity_kind="per_expert", max_tokens=None, handle=None, stream=None, cluster_m=0, tile_n=0,
+                      swap=None, copy_ctas=0):
+    """moe_dispatch fused with the experts' first FFN matmul, in one launch: x is dispatched as
+    moe_dispatch(x, topk_idx, topk_weights, group, ...) dispatches it, and meanwhile
+    out[l C + r] = expert_x[l C + r] @ w[l] for each local expert l and each row r it kept, each tile
+    computed as soon as the rows it reads have landed. Returns (out, handle); the handle (and its
+    expert_x) serve moe_combine and moe_gemm_combine as a moe_dispatch's do. The same bits as
+    moe_dispatch, then grouped_gemm(expert_x viewed [L, C, hidden], w, out viewed [L, C, N],
+    handle.expert_rows) with the same tiling.
+    w: [L, hidden, N] bf16 (Linear weights [L, N, hidden] go in as w.transpose(1, 2)); out:
+    [recv_rows, N] bf16, rows past an expert's kept rows left alone. The handle's capacity_kind must be
+    "per_expert" and top-k at most 32. cluster_m, tile_n and swap as grouped_gemm's; copy_ctas: the
+    SMs that dispatch while the others compute (0: 16). The other arguments as moe_dispatch's.
+    Collective, stream-ordered, graph-capturable; raises interlace.Error before any GPU work on bad
+    arguments."""
+    if _frameworks.is_jax(out):
+        raise TypeError("JAX arrays are immutable: interlace.moe_dispatch_gemm writes into out")
+    if swap is not None and not isinstance(swap, bool):
+        raise TypeError(f"moe_dispatch_gemm: swap must be None (automatic), True or False; got {swap!r}")
+    if handle is None and (num_experts is None or capacity is None):
+        raise Error("moe_dispatch_gemm: pass num_experts and capacity (or a handle)")
+    _capacity_kind(capacity_kind)
+    native = _native(group)
+    if handle is None:
+        handle = MoeHandle(group, num_experts=num_experts, topk=topk_idx.shape[1], hidden=x.shape[1],
+                           max_tokens=x.shape[0] if max_tokens is None else max_tokens, capacity=capacity,
+                           capacity_kind=capacity_kind)
+    if stream is None:
+        stream = _frameworks.current_stream(out, x, topk_idx, topk_weights, w)
+    _C.moe_dispatch_gemm(_frameworks.as_dlpack(x), _frameworks.as_dlpack(topk_idx),
+                         _frameworks.as_dlpack(topk_weights), _frameworks.as_dlpack(w), _frameworks.as_dlpack(out),
+                         handle, native, stream=stream, cluster_m=cluster_m, tile_n=tile_n,
+                         swap={None: 0, True: 1, False: -1}[swap], copy_ctas=copy_ctas)
+    return out, handle
 
 
 def moe_gemm_combine(act, w, handle, group, *, out, stream=None, cluster_m=0, tile_n=0):

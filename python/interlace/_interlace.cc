@@ -456,6 +456,20 @@ NB_MODULE(_interlace, m) {
         },
         "expert_out"_a.noconvert(), "out"_a.noconvert(), "handle"_a, "group"_a, nb::kw_only(), "stream"_a);
 
+  m.def("moe_dispatch_gemm",
+        [](nb::ndarray<nb::ro> x, nb::ndarray<nb::ro> topk_idx, nb::ndarray<nb::ro> topk_weights,
+           nb::ndarray<nb::ro> w, nb::ndarray<> out, MoeHandle& handle, Group& group, uintptr_t stream, int cluster_m,
+           int tile_n, int swap, int copy_ctas) {
+          TensorView vx = view_of(x), vi = view_of(topk_idx), vt = view_of(topk_weights), vw = view_of(w),
+                     vo = view_of(out);
+          nb::gil_scoped_release release;
+          moe_dispatch_gemm(group, handle, vx, vi, vt, vw, vo, reinterpret_cast<cudaStream_t>(stream),
+                            GroupedGemmTuning{cluster_m, tile_n, swap}, copy_ctas);
+        },
+        "x"_a.noconvert(), "topk_idx"_a.noconvert(), "topk_weights"_a.noconvert(), "w"_a.noconvert(),
+        "out"_a.noconvert(), "handle"_a, "group"_a, nb::kw_only(), "stream"_a, "cluster_m"_a = 0, "tile_n"_a = 0,
+        "swap"_a = 0, "copy_ctas"_a = 0);
+
   m.def("moe_gemm_combine",
         [](nb::ndarray<nb::ro> act, nb::ndarray<nb::ro> w, nb::ndarray<> out, MoeHandle& handle, Group& group,
            uintptr_t stream, int cluster_m, int tile_n) {
@@ -490,6 +504,22 @@ NB_MODULE(_interlace, m) {
         "expert_out"_a.noconvert(), "out"_a.noconvert(), nb::kw_only(), "world_size"_a, "experts"_a, "topk"_a,
         "hidden"_a, "max_tokens"_a, "capacity"_a, "capacity_kind"_a, "tokens"_a, "device"_a,
         "The checks moe_combine makes before any GPU work, without a group (for tests).");
+
+  m.def("_check_moe_dispatch_gemm_args",
+        [](nb::ndarray<nb::ro> w, nb::ndarray<> out, nb::ndarray<nb::ro> expert_x, nb::ndarray<nb::ro> rows,
+           int world_size, int64_t experts, int topk, int64_t hidden, int64_t max_tokens, int64_t capacity,
+           int capacity_kind, int device) {
+          const MoePlan plan =
+              make_moe_plan(moe_shape(world_size, experts, topk, hidden, max_tokens, capacity, capacity_kind));
+          const GroupedGemmProblem p =
+              check_moe_dispatch_gemm_args(view_of(w), view_of(out), view_of(expert_x), view_of(rows), plan, device);
+          return nb::make_tuple(p.groups, p.capacity, p.k, p.n, p.b_k_major);
+        },
+        "w"_a.noconvert(), "out"_a.noconvert(), "expert_x"_a.noconvert(), "rows"_a.noconvert(), nb::kw_only(),
+        "world_size"_a, "experts"_a, "topk"_a, "hidden"_a, "max_tokens"_a, "capacity"_a, "capacity_kind"_a,
+        "device"_a,
+        "The checks moe_dispatch_gemm makes of its GEMM before any GPU work, without a group (for tests): returns "
+        "the grouped GEMM's (experts, capacity, hidden, N, w K-contiguous).");
 
   m.def("_check_moe_gemm_combine_args",
         [](nb::ndarray<nb::ro> act, nb::ndarray<nb::ro> w, nb::ndarray<> out, nb::ndarray<nb::ro> rows, int world_size,

@@ -14,6 +14,7 @@ models that call them, and CUDA graphs (mode="reduce-overhead") replay them.
     o, lse = itorch.ring_attention(q, k, v, group, causal=True)  # this rank's zigzag shard of a sequence
     moe = itorch.MoeBuffers(group, num_experts=64, topk=2, hidden=4096, max_tokens=512, capacity=1024)
     ex = itorch.moe_dispatch(x, topk_idx, topk_weights, moe)   # the experts' rows (moe.native's layout)
+    h = itorch.moe_dispatch_gemm(x, topk_idx, topk_weights, w1.transpose(1, 2), moe)  # ex[l] @ w1[l].t(), one launch
     y = itorch.moe_combine(expert_out, moe, tokens=x.shape[0])  # back home, weighted sum
     y = itorch.moe_gemm_combine(act, w2.transpose(1, 2), moe, tokens=x.shape[0])  # act @ w2[l].t(), then as moe_combine
     col = itorch.ColumnParallelLinear(4096, 14336, group)  # tensor-parallel layers (torch_layers.py)
@@ -361,6 +362,30 @@ def _(act, w, group, handle, tokens, cluster_m):
     return act.new_empty(_moe_gemm_combine_shape(act, w, tokens))
 
 
+def _moe_dispatch_gemm_shape(expert_x, w):
+    """out's shape [recv_rows, N] for w [L, H, N] bfloat16 (interlace checks the rest against the handle)."""
+    _torch._check(w.dim() == 3 and w.shape[1] == expert_x.shape[1],
+                  lambda: f"interlace.moe_dispatch_gemm: w {tuple(w.shape)} is not [L, hidden, N] with hidden "
+                          f"{expert_x.shape[1]}")
+    _torch._check(w.dtype == _torch.bfloat16, lambda: f"interlace.moe_dispatch_gemm: w must be bfloat16, got {w.dtype}")
+    return (expert_x.shape[0], w.shape[2])
+
+
+# As moe_gemm_combine, w goes to the kernel as the (strided) view it is.
+@_torch.library.custom_op("interlace::moe_dispatch_gemm", mutates_args=("expert_x",), device_types="cuda")
+def _moe_dispatch_gemm(expert_x: _torch.Tensor, x: _torch.Tensor, topk_idx: _torch.Tensor,
+                       topk_weights: _torch.Tensor, w: _torch.Tensor, group: int, handle: int) -> _torch.Tensor:
+    out = x.new_empty(_moe_dispatch_gemm_shape(expert_x, w))
+    _interlace.moe_dispatch_gemm(x, topk_idx, topk_weights, w, _group.by_handle(group), out=out,
+                                 handle=_moe_by_handle(handle).native)
+    return out
+
+
+@_moe_dispatch_gemm.register_fake
+def _(expert_x, x, topk_idx, topk_weights, w, group, handle):
+    return x.new_empty(_moe_dispatch_gemm_shape(expert_x, w))
+
+
 def moe_dispatch(x: _torch.Tensor, topk_idx: _torch.Tensor, topk_weights: _torch.Tensor, buffers: MoeBuffers):
     """interlace.moe_dispatch into buffers.expert_x, as torch.ops.interlace.moe_dispatch_into (which
     mutates it); returns buffers.expert_x."""
@@ -373,6 +398,17 @@ def moe_combine(expert_out: _torch.Tensor, buffers: MoeBuffers, *, tokens: int) 
     """interlace.moe_combine as torch.ops.interlace.moe_combine: a new [tokens, hidden] tensor, tokens
     being this rank's in the dispatch (x.shape[0])."""
     return _torch.ops.interlace.moe_combine(expert_out, buffers.group.handle, buffers.handle, tokens)
+
+
+def moe_dispatch_gemm(x: _torch.Tensor, topk_idx: _torch.Tensor, topk_weights: _torch.Tensor, w: _torch.Tensor,
+                      buffers: MoeBuffers) -> _torch.Tensor:
+    """interlace.moe_dispatch_gemm as torch.ops.interlace.moe_dispatch_gemm: the dispatch into
+    buffers.expert_x (which it mutates) and the experts' first matmul in one launch; returns a new
+    [recv_rows, N] bf16 tensor in expert_x's layout (rows past an expert's kept rows unset). w [L,
+    hidden, N] bf16 (Linear weights [L, N, hidden] as w.transpose(1, 2), not copied); buffers'
+    capacity_kind "per_expert". No autograd (as moe_dispatch)."""
+    return _torch.ops.interlace.moe_dispatch_gemm(buffers.expert_x, x, topk_idx, topk_weights, w,
+                                                  buffers.group.handle, buffers.handle)
 
 
 def moe_gemm_combine(act: _torch.Tensor, w: _torch.Tensor, buffers: MoeBuffers, *, tokens: int,

@@ -207,13 +207,74 @@ TEST(MoeGemmCombineArgs, ReturnsTheGroupedProblemAndRefusesEachBadArgument) {
                   "capacity_kind is per_rank; the fused GEMM needs per_expert"));
 }
 
+// moe_dispatch_gemm: expert_x viewed as [L, C, H] times w [L, H, N] in either layout into out
+// [recv_rows, N] viewed as [L, C, N]; then grouped_gemm's own stride, alignment and overlap checks.
+TEST(MoeDispatchGemmArgs, ReturnsTheGroupedProblemAndRefusesEachBadArgument) {
+  MoeShape shape;
+  shape.world = 2;
+  shape.experts = 8;  // L = 4
+  shape.topk = 2;
+  shape.row_bytes = 128;  // H = 64
+  shape.tokens = 16;
+  shape.capacity = 10;
+  const MoePlan plan = make_moe_plan(shape);                  // recv_rows = 4 x 10
+  const TensorView expert_x = tensor({40, 64}, kBf16);         // bytes [0, 5120)
+  const TensorView w = tensor({4, 64, 32}, kBf16, 8192);       // [L, H, N], N contiguous
+  const TensorView out = tensor({40, 32}, kBf16, 24576);
+  const TensorView rows = tensor({4}, kI32, 32768);
+  auto error = [&](TensorView b, TensorView o) {
+    return error_of([&] { check_moe_dispatch_gemm_args(b, o, expert_x, rows, plan, kDevice); });
+  };
+  const GroupedGemmProblem p = check_moe_dispatch_gemm_args(w, out, expert_x, rows, plan, kDevice);
+  EXPECT_EQ(p.groups, 4);
+  EXPECT_EQ(p.capacity, 10);
+  EXPECT_EQ(p.k, 64);
+  EXPECT_EQ(p.n, 32);
+  EXPECT_EQ(p.group_a, 10 * 64);  // expert l's rows start at l x C
+  EXPECT_EQ(p.group_out, 10 * 32);
+  EXPECT_FALSE(p.b_k_major);
+  TensorView wt = w;  // Linear weights [L, N, H] transposed: H contiguous
+  wt.strides = {32 * 64, 1, 64};
+  EXPECT_TRUE(check_moe_dispatch_gemm_args(wt, out, expert_x, rows, plan, kDevice).b_k_major);
+
+  TensorView bad = w;
+  bad.shape = {4, 32, 64};
+  EXPECT_TRUE(has(error(bad, out), "w has shape [4, 32, 64]; it must be [4, 64, N]"));
+  bad = w;
+  bad.dtype = kF32;
+  EXPECT_TRUE(has(error(bad, out), "w has dtype float32"));
+  bad = out;
+  bad.shape = {40, 16};
+  EXPECT_TRUE(has(error(w, bad), "out has shape [40, 16]; it must be [40, 32]"));
+  bad = out;
+  bad.data = g_memory + 8192;  // on w
+  EXPECT_TRUE(has(error(w, bad), "moe_dispatch_gemm: out overlaps b"));
+  bad = tensor({4, 64, 36}, kBf16, 8192);  // N = 36: rows of 72 bytes
+  EXPECT_TRUE(has(error(bad, tensor({40, 36}, kBf16, 24576)), "16-byte aligned"));
+  bad = out;
+  bad.device = DLDevice{kDLCUDA, 3};
+  EXPECT_TRUE(has(error(w, bad), "cuda:3"));
+
+  MoeShape per_rank = shape;
+  per_rank.capacity_kind = MoeCapacityKind::kPerRank;
+  const MoePlan packed = make_moe_plan(per_rank);
+  EXPECT_TRUE(has(error_of([&] { check_moe_dispatch_gemm_args(w, out, expert_x, rows, packed, kDevice); }),
+                  "capacity_kind is per_rank; the fused GEMM needs per_expert"));
+  MoeShape wide = shape;
+  wide.experts = 64;
+  wide.topk = 33;
+  const MoePlan wide_plan = make_moe_plan(wide);
+  EXPECT_TRUE(has(error_of([&] { check_moe_dispatch_gemm_args(w, out, expert_x, rows, wide_plan, kDevice); }),
+                  "top-33 is more than the 32"));
+}
+
 TEST(MoeFlagsLayout, PlanFlagsFollowTheBarrierWordsWithinTheRegion) {
   EXPECT_EQ(sizeof(MoeFlags), kOpRegionBytes);
   EXPECT_EQ(offsetof(MoeFlags, plan), kMoeBarrierWords * sizeof(uint64_t));
-  // The largest plan the flags allow fits: W + 2E + 2 <= kMoeMaxFlags.
+  // The largest plan the flags allow fits: W + 5E + 2 <= kMoeMaxFlags.
   MoeShape s;
   s.world = 2;
-  s.experts = (kMoeMaxFlags - 2 - 2) / 2 / 2 * 2;
+  s.experts = (kMoeMaxFlags - 2 - 2) / 5 / 2 * 2;
   s.topk = 1;
   s.row_bytes = 16;
   s.tokens = 1;

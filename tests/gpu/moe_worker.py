@@ -638,7 +638,228 @@ def scenario_gemm_combine():
     print(f"rank {RANK}: moe_gemm_combine correct on {n} routing patterns, two streams and 6 graph replays")
 
 
+def dispatch_gemm_weights(case, n, k_major=True):
+    """This rank's w [L, hidden, N] as moe_dispatch_gemm takes it: Linear weights [L, N, hidden]
+    transposed (K-contiguous), or contiguous."""
+    g = torch.Generator().manual_seed(2000 * case.seed + RANK)
+    w = (torch.randn(case.local, n, case.hidden, generator=g) / case.hidden ** 0.5).to(torch.bfloat16).cuda()
+    return w.transpose(1, 2) if k_major else w.transpose(1, 2).contiguous()
+
+
+def dispatch_gemm(group, case, b, handle=None, stream=None, **tuning):
+    """Issues case's moe_dispatch_gemm on this rank into a NaN-poisoned out; returns (out, handle)."""
+    dev = torch.device("cuda")
+    x = case.x[RANK].to(dev)
+    idx = case.idx[RANK].to(case.index_dtype).to(dev)
+    w = case.weights[RANK].to(dev)
+    recv_rows = case.local * case.capacity
+    out = torch.full((recv_rows, b.shape[2]), float("nan"), dtype=torch.bfloat16, device=dev)
+    if stream is not None:
+        stream.wait_stream(torch.cuda.current_stream())  # the inputs' copies and the poison
+    out, handle = interlace.moe_dispatch_gemm(x, idx, w, b, group, out=out, num_experts=case.experts,
+                                              capacity=case.capacity, capacity_kind=case.kind,
+                                              max_tokens=case.max_tokens, handle=handle,
+                                              stream=None if stream is None else stream.cuda_stream, **tuning)
+    INPUTS[id(handle)] = (x, idx, w)
+    return out, handle
+
+
+def check_dispatch_gemm(group, case, out, handle, b, **tuning):
+    """out against grouped_gemm on the dispatched rows with the same tiling (bit for bit), an fp32
+    reference (1e-2), and NaN past each expert's kept rows (left alone); the dispatch's own results
+    as check_dispatch and a moe_combine check them."""
+    torch.cuda.synchronize()
+    row_of, counts, starts, kept = case.layout()
+    expert_x = torch.from_dlpack(handle.expert_x)
+    expert_out = check_dispatch(case, handle, expert_x, row_of, counts, starts, kept)
+    L, C, n = case.local, case.capacity, b.shape[2]
+    want = torch.full_like(out, float("nan"))
+    rows = torch.from_dlpack(handle.expert_rows)
+    interlace.grouped_gemm(expert_x.view(L, C, -1), b, want.view(L, C, n), rows, **tuning)
+    torch.cuda.synchronize()
+    for l in range(L):
+        r0, r1, end = l * C, l * C + int(kept[l]), (l + 1) * C
+        if not torch.equal(out[r0:r1], want[r0:r1]):
+            bad = (out[r0:r1] != want[r0:r1]).nonzero()[0].tolist()
+            fail(case, f"moe_dispatch_gemm: expert {l} row {bad[0]} col {bad[1]} = {out[r0 + bad[0], bad[1]].item()}, "
+                       f"grouped_gemm gives {want[r0 + bad[0], bad[1]].item()}")
+        if not torch.isnan(out[r1:end]).all():
+            fail(case, f"moe_dispatch_gemm: expert {l} wrote rows past its {int(kept[l])} kept rows")
+        if r1 > r0:
+            ref = expert_x[r0:r1].float() @ b[l].float()
+            err = ((out[r0:r1].float() - ref).abs().max() / ref.abs().max().clamp(min=1e-6)).item()
+            if not err <= 1e-2:
+                fail(case, f"moe_dispatch_gemm: expert {l}'s relative error {err:.3g} against the fp32 reference")
+    # The handle's home rows and weights: moe_combine of the experts' reference outputs.
+    combined = new_out(case)
+    interlace.moe_combine(expert_out, handle, group, out=combined)
+    torch.cuda.synchronize()
+    check_combine(case, combined, row_of)
+
+
+def scenario_dispatch_gemm():
+    """moe_dispatch_gemm on every per_expert routing pattern with top-k <= 32: the dispatch as
+    moe_dispatch's checks, out bit for bit grouped_gemm's on the dispatched rows and within 1e-2 of
+    fp32, rows past the kept ones untouched; every tiling (the swapped problem too) and copier count;
+    overflow; back to back with rank 0 late; two streams; CUDA-graph replays with new routing; bad
+    arguments."""
+    group = interlace.init(heap_bytes=2048 * MIB, timeout_s=30)  # a stuck wait fails in seconds, naming its flag
+    n = 0
+    for i, case in enumerate(cases()):
+        if case.kind != "per_expert" or case.topk > 32:
+            continue
+        b = dispatch_gemm_weights(case, (64, 136, 200, 256, 1032)[i % 5], k_major=i % 3 != 0)
+        out, handle = dispatch_gemm(group, case, b)
+        torch.cuda.synchronize()
+        group.check()
+        check_dispatch_gemm(group, case, out, handle, b)
+        n += 1
+    assert n >= 15, n
+
+    # Every tiling and copier count, on experts of about 300 rows (3 tile rows, the swapped problem's
+    # C) and of about 48 (one tile row).
+    for case in (Case("dispatch_gemm variants, C near 300", 4 * WORLD, 4, 512, 300 // WORLD + 4, route_random,
+                      capacity=lambda need: max(need, 257), seed=76),
+                 Case("dispatch_gemm variants, one tile row", 8 * WORLD, 2, 264, 96, route_zipf, seed=77)):
+        b = dispatch_gemm_weights(case, 200)
+        for tuning in ({"cluster_m": 1, "tile_n": 128}, {"cluster_m": 1, "tile_n": 256},
+                       {"cluster_m": 2, "tile_n": 128}, {"cluster_m": 2, "tile_n": 256}, {"swap": True},
+                       {"copy_ctas": 2}, {"copy_ctas": 64}, {"swap": True, "copy_ctas": 2}):
+            out, handle = dispatch_gemm(group, case, b, **tuning)
+            torch.cuda.synchronize()
+            group.check()
+            check_dispatch_gemm(group, case, out, handle, b,
+                                **{k: v for k, v in tuning.items() if k != "copy_ctas"})
+
+    # Dropped slots (a capacity below the routing's need): reported, never computed on.
+    over = Case("dispatch_gemm overflow", 4 * WORLD, 2, 256, 96, route_zipf, capacity=lambda need: max(need // 3, 1),
+                seed=78)
+    b = dispatch_gemm_weights(over, 128)
+    out, handle = dispatch_gemm(group, over, b)
+    torch.cuda.synchronize()
+    expect_error(group.check, "overflowed its capacity")
+    check_dispatch_gemm(group, over, out, handle, b)
+
+    # Twice back to back with one handle and no sync, rank 0 late: the second call's sends wait for
+    # every peer's first call to finish reading its receive rows.
+    a = Case("dispatch_gemm back to back 1", 4 * WORLD, 2, 256, 80, route_random, seed=82)
+    c = Case("dispatch_gemm back to back 2", 4 * WORLD, 2, 256, 80, route_zipf, capacity=lambda need: a.capacity,
+             seed=83)
+    b = dispatch_gemm_weights(a, 136)
+    torch.cuda.synchronize()
+    if RANK == 0:
+        torch.cuda._sleep(200_000_000)  # about 0.1 s at H200 clocks
+    out_a, handle = dispatch_gemm(group, a, b)
+    snapshot = torch.from_dlpack(handle.expert_x).clone()
+    if c.capacity >= c.needed_capacity():
+        out_c, _ = dispatch_gemm(group, c, b, handle=handle)
+        torch.cuda.synchronize()
+        group.check()
+        check_dispatch_gemm(group, c, out_c, handle, b)
+        L, C = a.local, a.capacity
+        want = torch.full_like(out_a, float("nan"))
+        interlace.grouped_gemm(snapshot.view(L, C, -1), b, want.view(L, C, -1), torch.tensor(
+            a.layout()[3].tolist(), dtype=torch.int32, device="cuda"))
+        torch.cuda.synchronize()
+        kept = a.layout()[3]
+        for l in range(L):
+            if not torch.equal(out_a[l * C:l * C + int(kept[l])], want[l * C:l * C + int(kept[l])]):
+                fail(a, f"back to back: the first call's expert {l} differs")
+
+    # Back to back on two streams, two handles, no sync between the calls (the group orders them).
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    a = Case("dispatch_gemm stream 1", 4 * WORLD, 2, 256, 64, route_random, seed=84)
+    c = Case("dispatch_gemm stream 2", 8 * WORLD, 4, 512, 96, route_zipf, seed=85)
+    ba, bc = dispatch_gemm_weights(a, 128), dispatch_gemm_weights(c, 256)
+    for _ in range(2):
+        out_a, ha = dispatch_gemm(group, a, ba, stream=s1)
+        out_c, hc = dispatch_gemm(group, c, bc, stream=s2)
+        torch.cuda.synchronize()
+        group.check()
+        check_dispatch_gemm(group, a, out_a, ha, ba)
+        check_dispatch_gemm(group, c, out_c, hc, bc)
+
+    # A whole layer captured in a graph: moe_dispatch_gemm, then moe_gemm_combine, replayed with new
+    # routing and weights, against the fp32 reference of the two matmuls.
+    E, k, H, T, F = 4 * WORLD, 2, 256, 64, 128
+    dev = torch.device("cuda")
+    x, idx, wts, out, capacity, handle = graph_buffers(group, E, k, H, T)
+    w1 = torch.empty(E // WORLD, H, F, dtype=torch.bfloat16, device=dev)
+    w2 = torch.empty(E // WORLD, H, F, dtype=torch.bfloat16, device=dev)
+    act = torch.empty(handle.recv_rows, F, dtype=torch.bfloat16, device=dev)
+    stream = torch.cuda.Stream()
+
+    def layer():
+        interlace.moe_dispatch_gemm(x, idx, wts, w1, group, out=act, handle=handle, stream=stream.cuda_stream)
+        interlace.moe_gemm_combine(act, w2.transpose(1, 2), handle, group, out=out, stream=stream.cuda_stream)
+
+    first = Case("graph warm-up", E, k, H, T, route_random, capacity=lambda n: capacity, seed=90)
+    for t_, v in ((x, first.x[RANK]), (idx, first.idx[RANK].int()), (wts, first.weights[RANK])):
+        t_.copy_(v)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        layer()  # outside capture first: the calls' agreement
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        layer()
+    for step in range(6):
+        case = Case(f"dispatch_gemm replay {step}", E, k, H, T, route_random if step % 2 else route_zipf,
+                    capacity=lambda n: capacity, seed=95 + step)
+        x.copy_(case.x[RANK])
+        idx.copy_(case.idx[RANK].int())
+        wts.copy_(case.weights[RANK])
+        row_of = case.layout()[0]
+        g = torch.Generator().manual_seed(3000 + step)  # the same weights on every rank
+        w1_all = (torch.randn(E, H, F, generator=g) / H ** 0.5).to(torch.bfloat16)
+        w2_all = (torch.randn(E, H, F, generator=g) / F ** 0.5).to(torch.bfloat16)
+        L = E // WORLD
+        w1.copy_(w1_all[RANK * L:(RANK + 1) * L])
+        w2.copy_(w2_all[RANK * L:(RANK + 1) * L])
+        out.fill_(float("nan"))
+        torch.cuda.synchronize()
+        graph.replay()
+        torch.cuda.synchronize()
+        group.check()
+        ref = torch.zeros(T, H, dtype=torch.float32)
+        for t in range(T):
+            for j in range(k):
+                if row_of[RANK][t, j] < 0:
+                    continue
+                e = int(case.idx[RANK][t, j])
+                h = (case.x[RANK][t].float() @ w1_all[e].float()).to(torch.bfloat16).float()
+                y = (h @ w2_all[e].float().t()).to(torch.bfloat16).float()
+                ref[t] += float(case.weights[RANK][t, j]) * y
+        err = ((out.float().cpu() - ref).abs().max() / ref.abs().max()).item()
+        if not err <= 2e-2:  # NaN fails too
+            fail(case, f"graph replay: the layer's relative error {err:.3g} against the fp32 reference")
+
+    # Bad arguments, before any GPU work.
+    per_rank = Case("per rank", 4 * WORLD, 2, 256, 32, route_random, kind="per_rank", seed=70)
+    b0 = dispatch_gemm_weights(per_rank, 64)
+    expect_error(lambda: dispatch_gemm(group, per_rank, b0), "per_expert")
+    wide = Case("top-k 33", 64 * WORLD, 33, 64, 8, route_random, seed=79)
+    expect_error(lambda: dispatch_gemm(group, wide, dispatch_gemm_weights(wide, 64)), "top-33")
+    good = Case("good", 4 * WORLD, 2, 256, 32, route_random, seed=71)
+    b0 = dispatch_gemm_weights(good, 64)
+    expect_error(lambda: dispatch_gemm(group, good, b0.float()), "bfloat16")
+    expect_error(lambda: dispatch_gemm(group, good, b0[:, :128]), "w has shape")
+    expect_error(lambda: dispatch_gemm(group, good, b0, tile_n=64), "moe_dispatch_gemm: tile_n must be")
+    expect_error(lambda: dispatch_gemm(group, good, b0, cluster_m=2, tile_n=128, copy_ctas=3), "copy_ctas")
+    expect_error(lambda: dispatch_gemm(group, good, b0, copy_ctas=100000), "copy_ctas")
+    _, h = dispatch_gemm(group, good, b0)
+    in_heap = torch.from_dlpack(h.expert_x).view(-1)[:h.recv_rows * 64].view(h.recv_rows, 64)  # contiguous
+    expect_error(lambda: interlace.moe_dispatch_gemm(good.x[RANK].cuda(), good.idx[RANK].cuda(),
+                                                     good.weights[RANK].cuda(), b0, group, out=in_heap, handle=h),
+                 "out overlaps a")
+    torch.cuda.synchronize()
+    group.check()
+    print(f"rank {RANK}: moe_dispatch_gemm correct on {n} routing patterns, every tiling, two streams and 6 graph "
+          f"replays")
+
+
 SCENARIOS = {
+    "dispatch_gemm": scenario_dispatch_gemm,
     "gemm_combine": scenario_gemm_combine,
     "patterns": scenario_patterns,
     "overflow": scenario_overflow,

@@ -121,5 +121,33 @@ interlace.gemm_ar(a_of[RANK], w_of[RANK].t(), out, group)
 torch.cuda.synchronize()
 group.check()
 assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2, "gemm_ar"
+# MoE: dispatch fused with the first matmul (a copier per chunk's task, so sends, fills and the
+# GEMM's waits all overlap), then the second fused with the combine; the same layer unfused.
+E, k, H, T, F = 4 * WORLD, 3, 64, 40, 72
+gen = torch.Generator(device="cuda").manual_seed(RANK)
+x = torch.randn(T, H, generator=gen, device="cuda").to(torch.bfloat16)
+idx = torch.stack([torch.randperm(E, generator=gen, device="cuda")[:k] for _ in range(T)]).int()
+wts = torch.rand(T, k, generator=gen, device="cuda")
+capacity = interlace.moe_no_drop_capacity(WORLD, num_experts=E, topk=k, max_tokens=T)
+w1 = torch.randn(E // WORLD, H, F, generator=gen, device="cuda").to(torch.bfloat16)
+w2 = torch.randn(E // WORLD, H, F, generator=gen, device="cuda").to(torch.bfloat16)
+handle = interlace.MoeHandle(group, num_experts=E, topk=k, hidden=H, max_tokens=T, capacity=capacity)
+act = torch.empty(handle.recv_rows, F, dtype=torch.bfloat16, device="cuda")
+fused = torch.empty(T, H, dtype=torch.bfloat16, device="cuda")
+interlace.moe_dispatch_gemm(x, idx, wts, w1, group, out=act, handle=handle, copy_ctas=2)
+interlace.moe_gemm_combine(act, w2.transpose(1, 2), handle, group, out=fused)
+expert_x, _ = interlace.moe_dispatch(x, idx, wts, group, handle=handle)
+L = E // WORLD
+act2 = torch.zeros_like(act)
+interlace.grouped_gemm(torch.from_dlpack(expert_x).view(L, capacity, H), w1, act2.view(L, capacity, F),
+                       torch.from_dlpack(handle.expert_rows))
+expert_out = torch.empty(handle.recv_rows, H, dtype=torch.bfloat16, device="cuda")
+interlace.grouped_gemm(act2.view(L, capacity, F), w2.transpose(1, 2), expert_out.view(L, capacity, H),
+                       torch.from_dlpack(handle.expert_rows), swap=False)
+unfused = torch.empty_like(fused)
+interlace.moe_combine(expert_out, handle, group, out=unfused)
+torch.cuda.synchronize()
+group.check()
+assert torch.equal(fused, unfused), "moe_dispatch_gemm + moe_gemm_combine against the unfused layer"
 group.barrier()
 print(f"rank {RANK}: sanitizer workload correct")

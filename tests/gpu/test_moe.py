@@ -38,3 +38,7 @@ def test_bad_arguments_raise_before_gpu_work():
 
 def test_moe_gemm_combine_matches_grouped_gemm_then_combine():
     run("gemm_combine")
+
+
+def test_moe_dispatch_gemm_matches_dispatch_then_grouped_gemm():
+    run("dispatch_gemm")

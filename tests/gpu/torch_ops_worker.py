@@ -1,6 +1,6 @@
 """One rank of the torch.library ops on GPUs (see test_torch_ops_gpu.py): all_gather, gemm, ag_gemm,
-gemm_rs, gemm_ar, reduce_scatter, all_reduce, a MoE layer (moe_dispatch, moe_combine, and
-moe_gemm_combine), attention and ring_attention, eager,
+gemm_rs, gemm_ar, reduce_scatter, all_reduce, a MoE layer (moe_dispatch, moe_combine, moe_gemm_combine
+and moe_dispatch_gemm), attention and ring_attention, eager,
 compiled with fullgraph=True, and compiled with mode="reduce-overhead" (CUDA graphs), each against a
 reference."""
 import os
@@ -147,6 +147,26 @@ def main(mode):
         assert y.shape == (64, 256) and not y.isnan().any(), f"rank {RANK}: {mode} moe_gemm_combine step {step}"
         assert torch.equal(y, want), \
             f"rank {RANK}: {mode} moe_gemm_combine step {step}: {(y.float() - want.float()).abs().max()}"
+    # The whole layer fused: moe_dispatch_gemm (Linear weights w1 [L, F, H], passed transposed), relu,
+    # moe_gemm_combine. The same bits as the two ops called directly, after the layer, on its inputs.
+    w1 = (torch.randn(4, F, 256, device="cuda") / 16).to(torch.bfloat16)
+    whole_layer = compiled(lambda x, idx, w, w1, w2: itorch.moe_gemm_combine(
+        torch.relu(itorch.moe_dispatch_gemm(x, idx, w, w1.transpose(1, 2), moe)), w2.transpose(1, 2), moe,
+        tokens=x.shape[0]))
+    for step in range(3):
+        inputs = moe_inputs(20 + step)
+        y = whole_layer(*inputs, w1, w2).clone()
+        torch.cuda.synchronize()
+        group.check()
+        h = torch.empty(moe.expert_x.shape[0], F, dtype=torch.bfloat16, device="cuda")
+        interlace.moe_dispatch_gemm(*inputs, w1.transpose(1, 2), group, out=h, handle=moe.native)
+        want = torch.full_like(y, float("nan"))
+        interlace.moe_gemm_combine(torch.relu(h), w2.transpose(1, 2), moe.native, group, out=want)
+        torch.cuda.synchronize()
+        group.check()
+        assert y.shape == (64, 256) and not y.isnan().any(), f"rank {RANK}: {mode} moe layer step {step}"
+        assert torch.equal(y, want), \
+            f"rank {RANK}: {mode} moe_dispatch_gemm layer step {step}: {(y.float() - want.float()).abs().max()}"
     # Attention on this GPU and over the ring: the ring's shard of out equals the shard of attention
     # over the whole sequence (the same engine, the same blocks in another order: close, not equal).
     attend = compiled(lambda q, k, v, qs, ks, vs: (itorch.attention(q, k, v, causal=True),

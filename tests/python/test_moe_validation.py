@@ -6,13 +6,15 @@ import pytest
 import interlace
 from interlace._interlace import _check_moe_combine_args as check_combine
 from interlace._interlace import _check_moe_dispatch_args as check_dispatch
+from interlace._interlace import _check_moe_dispatch_gemm_args as check_dispatch_gemm
 from interlace._interlace import _check_moe_gemm_combine_args as check_gemm_combine
 
 torch = pytest.importorskip("torch")
 
 
 def test_the_ops_exist():
-    for name in ("moe_dispatch", "moe_combine", "moe_gemm_combine", "MoeHandle", "moe_no_drop_capacity"):
+    for name in ("moe_dispatch", "moe_combine", "moe_dispatch_gemm", "moe_gemm_combine", "MoeHandle",
+                 "moe_no_drop_capacity"):
         assert name in interlace.__all__ and callable(getattr(interlace, name))
 
 
@@ -84,3 +86,30 @@ def test_moe_gemm_combine_checks_its_tensors_before_the_device():
         gemm_combine(act, w, out[:-1])
     with pytest.raises(interlace.Error, match="out is on cpu"):
         gemm_combine(act, w, out)
+
+
+def dispatch_gemm(w, out, kind=0, topk=2, experts=8):
+    """W = 2, E = 8 (L = 4), hidden 64, capacity 16 per expert: recv_rows 64."""
+    local = experts // 2
+    expert_x = torch.zeros(local * 16, 64, dtype=torch.bfloat16)
+    return check_dispatch_gemm(w, out, expert_x, torch.zeros(local, dtype=torch.int32), world_size=2,
+                               experts=experts, topk=topk, hidden=64, max_tokens=8, capacity=16, capacity_kind=kind,
+                               device=0)
+
+
+def test_moe_dispatch_gemm_checks_its_gemm_before_the_device():
+    w, out = torch.zeros(4, 64, 96, dtype=torch.bfloat16), torch.zeros(64, 96, dtype=torch.bfloat16)
+    with pytest.raises(interlace.Error, match="capacity_kind is per_rank; the fused GEMM needs per_expert"):
+        dispatch_gemm(w, out, kind=1)
+    with pytest.raises(interlace.Error, match="top-33 is more than the 32 the fused op takes"):
+        dispatch_gemm(torch.zeros(32, 64, 96, dtype=torch.bfloat16), out, topk=33, experts=64)
+    with pytest.raises(interlace.Error, match="w has dtype float32"):
+        dispatch_gemm(w.float(), out)
+    with pytest.raises(interlace.Error, match=r"w has shape \[4, 96, 64\]; it must be \[4, 64, N\].*transpose"):
+        dispatch_gemm(w.transpose(1, 2).contiguous(), out)
+    with pytest.raises(interlace.Error, match="out has dtype float32"):
+        dispatch_gemm(w, out.float())
+    with pytest.raises(interlace.Error, match=r"out has shape \[64, 95\]; it must be \[64, 96\]"):
+        dispatch_gemm(w, out[:, :95])
+    with pytest.raises(interlace.Error, match="out is on cpu"):
+        dispatch_gemm(w, out)

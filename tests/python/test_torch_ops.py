@@ -387,6 +387,50 @@ def test_moe_gemm_combine_kernel_passes_w_as_it_is(group, monkeypatch):
         itorch._moe_gemm_combine._init_fn(act, w, group.handle, 54321, 9, 0)
 
 
+def test_moe_dispatch_gemm_is_registered_and_its_fake_gives_the_shape(group):
+    schema = str(torch.ops.interlace.moe_dispatch_gemm.default._schema)
+    assert "Tensor(a0!) expert_x" in schema and schema.endswith("-> Tensor"), schema
+    with FakeTensorMode():
+        moe = MoeBuffersStandIn(group, recv_rows=40, hidden=64)
+        x = torch.empty(9, 64, dtype=torch.bfloat16)
+        idx, wts = torch.empty(9, 2, dtype=torch.int32), torch.empty(9, 2)
+        linear = torch.empty(L, 96, 64, dtype=torch.bfloat16)  # Linear weights [L, N, hidden]
+        for w in (linear.transpose(1, 2), linear.transpose(1, 2).contiguous()):
+            h = itorch.moe_dispatch_gemm(x, idx, wts, w, moe)
+            assert h.shape == (40, 96) and h.dtype == torch.bfloat16 and h.is_contiguous()
+        for what, w, match in (("untransposed", linear, "is not \\[L, hidden, N\\]"),
+                               ("2-D", linear[0], "is not \\[L, hidden, N\\]"),
+                               ("float32", linear.transpose(1, 2).float(), "must be bfloat16")):
+            with pytest.raises(Exception, match=match):
+                itorch.moe_dispatch_gemm(x, idx, wts, w, moe)
+                pytest.fail(f"{what}: no error")
+
+
+def test_moe_dispatch_gemm_kernel_passes_its_arguments_as_they_are(group, monkeypatch):
+    """What the op's CUDA kernel (its Python body, run on CPU tensors) hands interlace.moe_dispatch_gemm:
+    x, the routing and w itself (the strided view), the group and native handle its integers name,
+    and a new out [recv_rows, N] bf16."""
+    moe = MoeBuffersStandIn(group, recv_rows=40, hidden=64)
+    moe.native = "native handle stand-in"
+    monkeypatch.setitem(itorch._moe_buffers, moe.handle, moe)
+    calls = []
+
+    def stand_in(x, idx, wts, w, group, *, out, handle, stream=None):
+        calls.append((x, idx, wts, w, group, out, handle))
+        out.fill_(1)
+        return out, handle
+
+    monkeypatch.setattr(interlace, "moe_dispatch_gemm", stand_in)
+    x = torch.zeros(9, 64, dtype=torch.bfloat16)
+    idx, wts = torch.zeros(9, 2, dtype=torch.int32), torch.zeros(9, 2)
+    w = torch.zeros(L, 96, 64, dtype=torch.bfloat16).transpose(1, 2)
+    h = itorch._moe_dispatch_gemm._init_fn(moe.expert_x, x, idx, wts, w, group.handle, moe.handle)
+    [(x_, idx_, wts_, w_, g, out, handle)] = calls
+    assert x_ is x and idx_ is idx and wts_ is wts and w_ is w and g is group
+    assert handle == "native handle stand-in"
+    assert out is h and h.shape == (40, 96) and h.dtype == torch.bfloat16 and bool((h == 1).all())
+
+
 def fused_layer(moe):
     """dispatch, an activation (relu of the received rows' first F columns), then the fused second
     matmul and combine, with Linear weights passed transposed."""

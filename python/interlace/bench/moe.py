@@ -18,13 +18,14 @@ bit, and its combine against the baseline's (relative error). Then, in the same 
 and at decode sizes, per call under CUDA-graph replay: interlace's two ops, and the baseline
 padded to the most rows any rank sends one expert (no host sync, so it can be captured; the usual
 capturable form).
-The halves the issue's bars are on, not yet fused: dispatch_gemm1 (moe_dispatch, then
+The halves the issue's bars are on, unfused: dispatch_gemm1 (moe_dispatch, then
 interlace.grouped_gemm on the capacity-padded rows with the counts on the GPU: gate and up, N = 2F)
 and gemm2_combine (grouped_gemm of the down projection, K = F, into expert_out, then moe_combine),
 against baseline_dispatch_gemm1 (the baseline's dispatch, then torch._grouped_mm on its packed rows)
 and baseline_gemm2_combine (torch._grouped_mm, then the baseline's way back). The activation between
-the GEMMs is not timed; both sides' GEMMs are checked against each other first. gemm2_combine_fused:
-interlace.moe_gemm_combine, the second half in one launch, checked bit for bit against gemm2_combine's."""
+the GEMMs is not timed; both sides' GEMMs are checked against each other first. The fused halves, each
+checked bit for bit against its unfused one: dispatch_gemm1_fused (interlace.moe_dispatch_gemm;
+with --tunings, one method per copy_ctas value) and gemm2_combine_fused (interlace.moe_gemm_combine)."""
 
 import torch
 import torch.distributed as dist
@@ -39,7 +40,7 @@ flags.DEFINE_string("out_dir", "bench/results", "where the JSON goes")
 flags.DEFINE_list("sizes", [], "configs to run (default: all): deepseek, mixtral, deepseek_decode, mixtral_decode")
 flags.DEFINE_integer("warmup", 5, "untimed calls per method first")
 flags.DEFINE_integer("iters", 40, "timed calls per method")
-flags.DEFINE_list("tunings", [], "unused (no moe tunings yet)")
+flags.DEFINE_list("tunings", [], "moe_dispatch_gemm's copy_ctas values to time (default: its own)")
 flags.DEFINE_string("command", "", "the command line, recorded in the JSON")
 
 # name -> (tokens per rank, hidden, experts, top-k)
@@ -99,7 +100,20 @@ def expert_ffn(name, handle, expert_x, packed_rows, x, idx, weights, group, base
     group.check()
     if not torch.equal(fused_out, out):
         raise SystemExit(f"{name}: moe_gemm_combine differs from grouped_gemm + moe_combine")
+    # The fused first half: the same dispatch again, and the same bits as grouped_gemm on its rows.
+    fused_h = torch.full_like(h, float("nan")).view(local * capacity, 2 * ffn)
+    interlace.moe_dispatch_gemm(x, idx, weights, w1t, group, out=fused_h, handle=handle)
+    torch.cuda.synchronize()
+    group.check()
+    if not torch.equal(packed(fused_h.view(local, capacity, -1)), packed(h)):
+        raise SystemExit(f"{name}: moe_dispatch_gemm differs from moe_dispatch + grouped_gemm")
+    # --tunings: copy_ctas values ("0:0", which the launcher adds, is the automatic one).
+    copy_ctas = sorted({0 if t == "0:0" else int(t) for t in FLAGS.tunings} | {0})
+    fused_first = {"dispatch_gemm1_fused" + (f"_c{c}" if c else ""): c for c in copy_ctas}
     return {
+        **{label: (lambda c=c: interlace.moe_dispatch_gemm(x, idx, weights, w1t, group, out=fused_h, handle=handle,
+                                                           copy_ctas=c))
+           for label, c in fused_first.items()},
         "dispatch_gemm1": lambda: (interlace.moe_dispatch(x, idx, weights, group, handle=handle),
                                    interlace.grouped_gemm(ex, w1t, h, rows)),
         "baseline_dispatch_gemm1": lambda: gmm(base.dispatch(x), w1t, offs=offs),
@@ -233,7 +247,7 @@ def main(_):
               "1.3x; dispatch's token bytes/s 1.3x NCCL all_to_all's; decode under graphs 2x)")
         print(f"{'config':>16} {'dispatch':>9} {'base':>9} {'x':>5} {'combine':>9} {'base':>9} {'x':>5} "
               f"{'a2a':>9} {'a2a uniq':>9} {'x a2a':>6} {'x uniq':>6} {'graph d x':>9} {'graph c x':>9} "
-              f"{'d+gemm1 x':>9} {'gemm2+c x':>9} {'fused x':>7}")
+              f"{'d+gemm1 x':>9} {'fused x':>7} {'gemm2+c x':>9} {'fused x':>7}")
         for r in rows:
             us = r["us"]
             print(f"{r['config']:>16} {us['dispatch']:9.1f} {us['baseline_dispatch']:9.1f} "
@@ -244,6 +258,7 @@ def main(_):
                   f"{ratio(us, 'baseline_padded_dispatch_graph', 'dispatch_graph'):9.2f} "
                   f"{ratio(us, 'baseline_padded_combine_graph', 'combine_graph'):9.2f} "
                   f"{ratio(us, 'baseline_dispatch_gemm1', 'dispatch_gemm1'):9.2f} "
+                  f"{ratio(us, 'baseline_dispatch_gemm1', 'dispatch_gemm1_fused'):7.2f} "
                   f"{ratio(us, 'baseline_gemm2_combine', 'gemm2_combine'):9.2f} "
                   f"{ratio(us, 'baseline_gemm2_combine', 'gemm2_combine_fused'):7.2f}")
     dist.destroy_process_group()

@@ -20,8 +20,7 @@ void check_combine_out(const char* op, const TensorView& out, const MoePlan& pla
 }  // namespace
 
 MoeShape check_moe_dispatch_args(const TensorView& x, const TensorView& topk_idx, const TensorView& topk_weights,
-                                 const MoeDispatchOptions& o, int world_size, int device) {
-  const char* op = "moe_dispatch";
+                                 const MoeDispatchOptions& o, int world_size, int device, const char* op) {
   IL_CHECK(x.shape.size() == 2, op, ": x must be 2-D [tokens, hidden], got shape ", x.shape_string());
   IL_CHECK(is_bf16(x), op, ": x has dtype ", x.dtype_name(), "; it must be bfloat16");
   // The kernels index every tensor as dense rows; rows move as 16-byte vectors, the routing in elements.
@@ -97,6 +96,35 @@ GroupedGemmProblem check_moe_gemm_combine_args(const TensorView& act, const Tens
   a.shape = {local, plan.capacity, ffn};
   a.strides = {plan.capacity * lda, lda, 1};
   return check_grouped_gemm_operands(op, a, w, nullptr, rows, device);
+}
+
+GroupedGemmProblem check_moe_dispatch_gemm_args(const TensorView& w, const TensorView& out, const TensorView& expert_x,
+                                                const TensorView& rows, const MoePlan& plan, int device) {
+  const char* op = "moe_dispatch_gemm";
+  const int64_t hidden = plan.row_bytes / 2, local = plan.experts_per_rank;
+  IL_CHECK(plan.capacity_kind == MoeCapacityKind::kPerExpert, op,
+           ": the handle's capacity_kind is per_rank; the fused GEMM needs per_expert, where local expert l's rows "
+           "start at l x capacity (make the MoeHandle with capacity_kind='per_expert')");
+  IL_CHECK(plan.topk <= kMoeDispatchGemmMaxTopk, op, ": top-", plan.topk, " is more than the ",
+           kMoeDispatchGemmMaxTopk, " the fused op takes (a warp per slot reads the token's entries); call "
+           "moe_dispatch, then grouped_gemm");
+  IL_CHECK(is_bf16(w), op, ": w has dtype ", w.dtype_name(), "; it must be bfloat16");
+  IL_CHECK(w.shape.size() == 3 && w.shape[0] == local && w.shape[1] == hidden && w.shape[2] >= 1, op,
+           ": w has shape ", w.shape_string(), "; it must be [", local, ", ", hidden,
+           ", N] (local experts, hidden, N); for Linear weights [L, N, hidden] pass w.transpose(1, 2)");
+  const int64_t n = w.shape[2];
+  IL_CHECK(is_bf16(out), op, ": out has dtype ", out.dtype_name(), "; it must be bfloat16");
+  IL_CHECK(out.shape == std::vector<int64_t>({plan.recv_rows, n}), op, ": out has shape ", out.shape_string(),
+           "; it must be [", plan.recv_rows, ", ", n, "], the layout of the dispatch's expert_x (its handle's "
+           "receive rows) with w's N columns");
+  check_placed(op, "out", out, device, kMoeRowAlignBytes);
+  // expert_x and out as the grouped GEMM's [L, C, hidden] and [L, C, N].
+  TensorView a = expert_x, c = out;
+  a.shape = {local, plan.capacity, hidden};
+  a.strides = {plan.capacity * hidden, hidden, 1};
+  c.shape = {local, plan.capacity, n};
+  c.strides = {plan.capacity * n, n, 1};
+  return check_grouped_gemm_operands(op, a, w, &c, rows, device);
 }
 
 }  // namespace interlace

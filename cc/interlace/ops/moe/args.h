@@ -22,7 +22,8 @@ struct MoeDispatchOptions {
 // the group's GPU, x 16-byte aligned with H x 2 bytes a multiple of 16; T <= max_tokens. Returns the
 // shape to plan with (make_moe_plan checks the rest: E % W, k, capacity, 32-bit rows).
 MoeShape check_moe_dispatch_args(const TensorView& x, const TensorView& topk_idx, const TensorView& topk_weights,
-                                 const MoeDispatchOptions& options, int world_size, int device);
+                                 const MoeDispatchOptions& options, int world_size, int device,
+                                 const char* op = "moe_dispatch");
 
 // expert_out [recv_rows, H] bfloat16 (the receive buffer's layout), out [tokens, H] bfloat16, where
 // tokens is the dispatch's T on this rank; contiguous, 16-byte aligned, on the group's GPU, apart.
@@ -38,5 +39,18 @@ void check_moe_combine_args(const TensorView& expert_out, const TensorView& out,
 GroupedGemmProblem check_moe_gemm_combine_args(const TensorView& act, const TensorView& w, const TensorView& out,
                                                const TensorView& rows, const MoePlan& plan, int64_t tokens,
                                                int device);
+
+// moe_dispatch_gemm's top-k: a warp per slot reads its token's entries, a lane each.
+constexpr int kMoeDispatchGemmMaxTopk = 32;
+
+// moe_dispatch_gemm's GEMM (its dispatch is checked as moe_dispatch's, with op named): from a handle
+// whose capacity_kind is per_expert and top-k at most kMoeDispatchGemmMaxTopk, w [L, hidden, N]
+// bfloat16 with N or hidden contiguous (Linear weights [L, N, hidden] passed as w.transpose(1, 2)),
+// out [recv_rows, N] bfloat16, contiguous, 16-byte aligned, apart from w; expert_x: the handle's
+// receive rows; rows: its expert_rows. Returns the grouped GEMM of expert_x viewed as [L, C, hidden]
+// into out viewed as [L, C, N] (grouped_args.h checks strides and alignment; its messages call
+// expert_x "a" and w "b").
+GroupedGemmProblem check_moe_dispatch_gemm_args(const TensorView& w, const TensorView& out, const TensorView& expert_x,
+                                                const TensorView& rows, const MoePlan& plan, int device);
 
 }  // namespace interlace

@@ -33,6 +33,51 @@ int num_blocks(const Group& group) { return std::min(group.num_sms(), static_cas
 
 }  // namespace
 
+MoeDispatchScratch moe_dispatch_scratch(const MoePlan& plan, bool lists) {
+  const uint64_t entries_bytes = align_up(static_cast<uint64_t>(plan.combine_rows) * sizeof(int32_t));
+  const uint64_t experts_bytes = align_up(static_cast<uint64_t>(plan.experts) * sizeof(int32_t));
+  MoeDispatchScratch s;  // pos at 0
+  s.run_row = entries_bytes;
+  s.run_kept = s.run_row + experts_bytes;
+  s.dropped = s.run_kept + experts_bytes;
+  s.bytes = s.dropped + kMoeBufferAlign;
+  if (lists) {
+    s.slot_start = s.bytes;
+    s.slot_list = s.slot_start + experts_bytes;
+    s.bytes = s.slot_list + entries_bytes;
+  }
+  return s;
+}
+
+MoeShape check_dispatch_for_handle(const char* op, Group& group, const MoeHandle& handle, const TensorView& x,
+                                   const TensorView& topk_idx, const TensorView& topk_weights) {
+  const MoeShape& want = handle.shape();
+  MoeDispatchOptions options{want.experts, want.capacity, want.capacity_kind, want.tokens};
+  const MoeShape shape = check_moe_dispatch_args(x, topk_idx, topk_weights, options, group.topology().world_size,
+                                                 group.device(), op);
+  IL_CHECK(same_shape(shape, want), op, ": the arguments give (", describe(shape), ") but the handle was made for (",
+           describe(want), ")");
+  return want;
+}
+
+std::string describe_moe_shape(const MoeShape& shape) { return describe(shape); }
+
+MoeDispatchParams moe_dispatch_params(Group& group, const OpCall& call, uint64_t signature, const MoeHandle& handle,
+                                      const TensorView& x, const TensorView& topk_idx,
+                                      const TensorView& topk_weights, size_t scratch, const MoeDispatchScratch& at) {
+  MoeDispatchParams p{};
+  p.c = moe_common_params(group, call, signature, handle, x.shape[0]);
+  char* base = group.heap().local_base() + scratch;
+  p.x = static_cast<const char*>(x.data);
+  p.topk_idx = topk_idx.data;
+  p.topk_weights = static_cast<const float*>(topk_weights.data);
+  p.pos = reinterpret_cast<int32_t*>(base);
+  p.run_row = reinterpret_cast<int32_t*>(base + at.run_row);
+  p.run_kept = reinterpret_cast<int32_t*>(base + at.run_kept);
+  p.dropped = reinterpret_cast<int32_t*>(base + at.dropped);
+  return p;
+}
+
 MoeCommonParams moe_common_params(Group& group, const OpCall& call, uint64_t signature, const MoeHandle& h,
                                   int64_t tokens) {
   MoeCommonParams c{};
@@ -106,44 +151,21 @@ TensorView MoeHandle::expert_rows() const {
 void moe_dispatch(Group& group, MoeHandle& handle, const TensorView& x, const TensorView& topk_idx,
                   const TensorView& topk_weights, cudaStream_t stream) {
   OpCall call(group, OpId::kMoeDispatch, stream);
-  const Topology& topo = group.topology();
-  SymmetricHeap& heap = group.heap();
-  const MoePlan& plan = handle.plan();
   const int blocks = num_blocks(group);
+  const MoeDispatchScratch at = moe_dispatch_scratch(handle.plan(), /*lists=*/false);
   size_t scratch = 0;
-  uint64_t run_row = 0, run_kept = 0, dropped = 0;  // offsets in the scratch
   const uint64_t signature = call.agree([&] {
     check_one_node(group, "moe_dispatch");
-    const MoeShape& want = handle.shape();
-    MoeDispatchOptions options{want.experts, want.capacity, want.capacity_kind, want.tokens};
-    const MoeShape shape = check_moe_dispatch_args(x, topk_idx, topk_weights, options, topo.world_size, group.device());
-    IL_CHECK(same_shape(shape, want), "moe_dispatch: the arguments give (", describe(shape),
-             ") but the handle was made for (", describe(want), ")");
-    // Scratch of this call: pos [max_tokens x k], then run_row and run_kept [E], then two counters.
-    const uint64_t pos_bytes = align_up(static_cast<uint64_t>(plan.combine_rows) * sizeof(int32_t));
-    const uint64_t experts_bytes = align_up(static_cast<uint64_t>(plan.experts) * sizeof(int32_t));
-    run_row = pos_bytes;
-    run_kept = run_row + experts_bytes;
-    dropped = run_kept + experts_bytes;
-    scratch = group.scratch(dropped + kMoeBufferAlign, "moe_dispatch's slot numbers and runs", call.capturing());
-    return detail::concat("moe_dispatch(", describe(want), ", index_bits=", static_cast<int>(topk_idx.dtype.bits),
+    const MoeShape shape = check_dispatch_for_handle("moe_dispatch", group, handle, x, topk_idx, topk_weights);
+    scratch = group.scratch(at.bytes, "moe_dispatch's slot numbers and runs", call.capturing());
+    return detail::concat("moe_dispatch(", describe(shape), ", index_bits=", static_cast<int>(topk_idx.dtype.bits),
                           ", workspace=", handle.workspace(), ", scratch=", scratch, ", num_blocks=", blocks, ")");
   });
-  const int64_t tokens = x.shape[0];
-  MoeDispatchParams p{};
-  p.c = moe_common_params(group, call, signature, handle, tokens);
-  char* base = heap.local_base();
-  p.x = static_cast<const char*>(x.data);
-  p.topk_idx = topk_idx.data;
-  p.topk_weights = static_cast<const float*>(topk_weights.data);
-  p.pos = reinterpret_cast<int32_t*>(base + scratch);
-  p.run_row = reinterpret_cast<int32_t*>(base + scratch + run_row);
-  p.run_kept = reinterpret_cast<int32_t*>(base + scratch + run_kept);
-  p.dropped = reinterpret_cast<int32_t*>(base + scratch + dropped);
+  const MoeDispatchParams p = moe_dispatch_params(group, call, signature, handle, x, topk_idx, topk_weights, scratch, at);
   const bool wide = topk_idx.dtype.bits == 64;
   // Before the launch: launch() can raise after issuing the kernel (an earlier call's cancel), and
   // the combine must still see this dispatch's token count.
-  handle.tokens_ = tokens;
+  handle.tokens_ = x.shape[0];
   call.launch([&](cudaStream_t s) {
     if (wide) {
       moe_dispatch_kernel<int64_t><<<blocks, kMoeThreads, 0, s>>>(p);

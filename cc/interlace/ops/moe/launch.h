@@ -64,6 +64,8 @@ class MoeHandle : public std::enable_shared_from_this<MoeHandle> {
 
  private:
   friend void moe_dispatch(Group&, MoeHandle&, const TensorView&, const TensorView&, const TensorView&, cudaStream_t);
+  friend void moe_dispatch_gemm(Group&, MoeHandle&, const TensorView&, const TensorView&, const TensorView&,
+                                const TensorView&, const TensorView&, cudaStream_t, GroupedGemmTuning, int);
   friend MoeCommonParams moe_common_params(Group&, const OpCall&, uint64_t, const MoeHandle&, int64_t);
   TensorView view(uint64_t offset, std::vector<int64_t> shape, DLDataType dtype) const;
 
@@ -90,6 +92,20 @@ void moe_dispatch(Group& group, MoeHandle& handle, const TensorView& x, const Te
 // expert_x's layout (only the kept rows are read).
 void moe_combine(Group& group, MoeHandle& handle, const TensorView& expert_out, const TensorView& out,
                  cudaStream_t stream);
+
+// moe_dispatch fused with the experts' first FFN matmul, in one launch (ops/moe/dispatch_gemm.cuh):
+// dispatches x as moe_dispatch does (the handle then serves moe_combine and moe_gemm_combine alike),
+// while out [recv_rows, N] = expert_x's kept rows of expert l @ w[l] is computed, each tile as soon as
+// the rows it reads have landed. w [L, H, N] bf16 (Linear weights [L, N, H] as w.transpose(1, 2)); the
+// handle's capacity_kind must be per_expert and top-k at most 32 (args.h). Rows of out past an
+// expert's kept rows are left alone. tuning: grouped_gemm's. copy_ctas: SMs that dispatch (a multiple
+// of the tiling's cluster size) while the others compute; 0: kMoeCopyCtas.
+void moe_dispatch_gemm(Group& group, MoeHandle& handle, const TensorView& x, const TensorView& topk_idx,
+                       const TensorView& topk_weights, const TensorView& w, const TensorView& out,
+                       cudaStream_t stream, GroupedGemmTuning tuning = {}, int copy_ctas = 0);
+
+// moe_dispatch_gemm's default copy_ctas.
+constexpr int kMoeCopyCtas = 16;
 
 // The experts' second FFN matmul fused with moe_combine, in one launch (ops/moe/gemm_combine.cuh):
 // expert l's output rows act[l C + r] @ w[l] for its kept rows r, each sent home from the GEMM's

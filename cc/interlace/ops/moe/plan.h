@@ -150,28 +150,6 @@ struct MoePlan {
     const int32_t rows = count(counts, s, e);
     return room <= 0 ? 0 : (rows < room ? rows : room);
   }
-  // The sources with kept rows of expert e in [lo, hi), rows counted from first_row (a grouped GEMM
-  // tile's): first .. last. Runs lie in source order, so a source between the two has all its kept
-  // rows there or none; first > last: no source. moe_dispatch_gemm's producer is to wait for these
-  // sources' rows before it loads the tile (docs/DESIGN.md, moe_dispatch_gemm).
-  struct SourceRange {
-    int32_t first, last;
-  };
-  IL_HOST_DEVICE SourceRange sources_of_rows(const int32_t* counts, int32_t e, int32_t lo, int32_t hi) const {
-    const int32_t room = region_end(e) - region_start(counts, e);  // <= 0: nothing kept (kPerRank)
-    SourceRange r{world, -1};
-    int32_t start = 0;  // run_start(counts, s, e), by a running sum
-    for (int32_t s = 0; s < world; ++s) {
-      const int32_t rows = count(counts, s, e), left = room - start;
-      const int32_t kept = left <= 0 ? 0 : (rows < left ? rows : left);  // run_kept
-      if (kept > 0 && start < hi && start + kept > lo) {
-        if (r.first == world) r.first = s;
-        r.last = s;
-      }
-      start += rows;
-    }
-    return r;
-  }
   // The receive row of source s's pos-th token for expert e (pos counts s's earlier tokens routed to
   // e: a per-expert exclusive scan over its topk_idx), or -1 where the slot is dropped.
   IL_HOST_DEVICE int32_t slot_row(const int32_t* counts, int32_t s, int32_t e, int32_t pos) const {
@@ -249,6 +227,20 @@ struct MoePlan {
   // The last op number that dropped slots (local; the host raises on it), and how many this rank dropped.
   IL_HOST_DEVICE int32_t overflow_flag() const { return world + 2 * experts; }
   IL_HOST_DEVICE int32_t dropped_word() const { return world + 2 * experts + 1; }
+  // moe_dispatch_gemm's (ops/moe/dispatch_gemm.cuh), all local. filled_flag(s, l): source s's run of
+  // local expert l is whole here, its secondary rows filled from their primaries (the GEMM may load
+  // it). The chunk counters count a task's chunks done, as plain integers the op zeroes before it
+  // counts: send_chunks(d, l) at the sender (its rows for rank d's expert l), fill_chunks(s, l) at the
+  // receiver.
+  IL_HOST_DEVICE int32_t filled_flag(int32_t s, int32_t l) const {
+    return world + 2 * experts + 2 + s * experts_per_rank + l;
+  }
+  IL_HOST_DEVICE int32_t send_chunks(int32_t d, int32_t l) const {
+    return world + 3 * experts + 2 + d * experts_per_rank + l;
+  }
+  IL_HOST_DEVICE int32_t fill_chunks(int32_t s, int32_t l) const {
+    return world + 4 * experts + 2 + s * experts_per_rank + l;
+  }
 };
 
 static_assert(sizeof(MoePlan) <= 256, "MoePlan is a kernel parameter");

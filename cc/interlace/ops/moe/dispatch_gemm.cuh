@@ -1,0 +1,348 @@
+// moe_dispatch_gemm over NVLink: moe_dispatch and the experts' first FFN matmul (a grouped GEMM over
+// the local experts' receive rows) in one launch of the GEMM engine (DESIGN.md, "moe_dispatch_gemm").
+//
+// Phases 0-2 lay the dispatch out in Phases::begin, on every CTA of the grid, with grid barriers
+// (MoeFlags::barrier, a word per CTA); then the last copy_ctas CTAs move the rows (Phases::copy) while
+// the others run grouped_gemm's tiles over the receive rows, each tile waiting only for its own
+// expert (helper warp 1 of the producer warpgroup watches the experts' flags; the producer checks a
+// count in shared memory):
+//   0. number this rank's slots per expert (pos) and store the counts into every rank's table, as
+//      moe_dispatch does; CTA 0 raises counts_flag(me) everywhere;
+//   1. with every source's counts here, the plan's closed forms (run_row, run_kept, the experts'
+//      first and kept rows, which the GEMM's tile walk reads); CTA 0 also scans this rank's counts
+//      into slot_start. Barrier; CTA 0 reports drops;
+//   2. every top-k entry's home row and weight (for the combine), this rank's entries listed by
+//      expert in slot order (slot_list), the chunk counters zeroed. The copiers wait for every CTA's;
+//   3. the copiers' tasks, in local-expert order l = 0, 1, ...: for each destination d, send the kept
+//      slots of d's expert l (each slot's MoeSlot; the row itself only from the token's primary slot
+//      on d, so a token crosses once per rank); then, for each source s, fill s's run of this rank's
+//      expert l: each secondary row copied from its primary, which lies in a lower expert of the same
+//      source (arrived_flag(s, l' <= l)). A task is cut in chunks of kMoeChunkRows rows dealt
+//      round-robin over the copiers; the CTA that finishes a task's last chunk raises its flag:
+//      arrived_flag(me, l) at d for a send, filled_flag(s, l) here for a fill (MoePlan's chunk
+//      counters).
+// Each copier takes its chunks in that order, and a fill only waits for sends of its own or a lower
+// expert, which come earlier in every rank's order: the earliest blocked chunk anywhere would wait
+// only on chunks before it, whose CTAs are running, so the copiers never deadlock; the GEMM CTAs
+// wait on the copiers, never the other way round. Every wait is bounded: a failed one returns, the
+// GEMM's producer then loads what is there (the consumers never hang) and the call raises.
+#pragma once
+
+#include <cstdint>
+
+#include "interlace/device/op_sequence.cuh"
+#include "interlace/gemm/grouped_order.h"
+#include "interlace/ops/moe/device.cuh"
+
+namespace interlace {
+
+// Rows per chunk of a copier task: 4 per warp of the engine's 12. Small enough that a run of 128
+// rows (DeepSeek-like, two ranks) is two chunks, so that every copier has work.
+constexpr int32_t kMoeChunkRows = 48;
+
+// The phases' and the input wait's parameters (one struct, in both places of GemmParams).
+template <class Order>
+struct MoeDispatchGemmParams {
+  MoeDispatchParams dispatch;  // as moe_dispatch's; pos, run_row, run_kept, dropped in the call's scratch
+  int32_t* slot_start;         // [E] scratch: where expert e's entries start in slot_list
+  int32_t* slot_list;          // [max_tokens x k] scratch: this rank's entries (token x k + j) by expert, in pos order
+  typename Order::Params order;
+  bool wide;                   // topk_idx is int64 (else int32)
+};
+
+namespace moe_detail {
+
+__device__ __forceinline__ MoeFlags& dispatch_flags(const device::NvlinkTransport& t) {
+  return *op_flags<MoeFlags, OpId::kMoeDispatch>(t.my_pad());
+}
+
+// A GEMM CTA's local experts [0, ready) whose runs are whole here from every source: helper warp 1
+// raises it expert by expert (Phases::helpers); the producer waits on it (DispatchInputWait) and keeps
+// in `seen` how far it has looked. Both 0 from Phases::begin on.
+struct ReadyExperts {
+  int32_t ready;
+  int32_t seen;
+};
+__device__ __forceinline__ ReadyExperts& ready_experts() {
+  __shared__ ReadyExperts experts;
+  return experts;
+}
+
+__device__ __forceinline__ int32_t expert_of_entry(const MoeDispatchParams& p, bool wide, int64_t i) {
+  return wide ? expert_at<int64_t>(p, i) : expert_at<int32_t>(p, i);
+}
+
+// Warp 0 of copier 0: slot_start[e] = this rank's slots for experts before e (its counts row, here
+// since the counts flags).
+__device__ __forceinline__ void scan_slot_starts(const MoeCommonParams& c, int32_t* slot_start) {
+  const MoePlan& plan = c.plan;
+  const int lane = threadIdx.x % 32;
+  const int32_t* mine = reinterpret_cast<const int32_t*>(c.workspace_here + plan.counts_offset) +
+                        static_cast<int64_t>(c.transport.local_rank) * plan.experts;
+  int32_t carry = 0;
+  for (int32_t base = 0; base < plan.experts; base += 32) {
+    const int32_t e = base + lane;
+    const int32_t count = e < plan.experts ? mine[e] : 0;
+    int32_t sum = count;  // inclusive scan over the warp
+    for (int o = 1; o < 32; o <<= 1) {
+      const int32_t up = __shfl_up_sync(~0u, sum, o);
+      if (lane >= o) sum += up;
+    }
+    if (e < plan.experts) slot_start[e] = carry + sum - count;
+    carry += __shfl_sync(~0u, sum, 31);
+  }
+}
+
+// All threads of a CTA, after its share of a task: counts the chunk done (the counter at `word` of
+// this rank's flags, zeroed in phase 2); the CTA that completes the task's `chunks` calls raise() (one
+// thread), after every CTA's stores of the task are visible system-wide.
+template <class Raise>
+__device__ __forceinline__ void chunk_done(MoeFlags& f, int32_t word, int32_t chunks, Raise raise) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    auto* counter = reinterpret_cast<unsigned long long*>(&f.plan[word]);
+    if (atomicAdd(counter, 1ull) == static_cast<unsigned long long>(chunks - 1)) {
+      __threadfence_system();
+      raise();
+    }
+  }
+}
+
+// A task's chunks: one at least, so that an empty run's flag is raised too.
+__device__ __forceinline__ int32_t chunks_of(int32_t rows) {
+  return rows > kMoeChunkRows ? (rows + kMoeChunkRows - 1) / kMoeChunkRows : 1;
+}
+
+// One warp, top-k <= 32: the kept slot of entry i (token x k + j) for rank d, whose receive row is
+// `row`: its MoeSlot there, and the token's row if this slot is its primary on d. row/expert: the
+// warp's shared scratch, a word per top-k entry (MoePlan::primary_of reads them).
+__device__ __forceinline__ void send_slot_warp(const MoeDispatchParams& p, bool wide, int32_t d, int64_t i,
+                                               int32_t* row, int32_t* expert) {
+  const MoePlan& plan = p.c.plan;
+  const device::NvlinkTransport& t = p.c.transport;
+  const int32_t k = plan.topk, lane = static_cast<int32_t>(threadIdx.x % 32);
+  const int32_t token = static_cast<int32_t>(i / k), j = static_cast<int32_t>(i % k);
+  if (lane < k) {
+    const int64_t q = static_cast<int64_t>(token) * k + lane;
+    const int32_t e = expert_of_entry(p, wide, q);
+    expert[lane] = e;
+    row[lane] = e >= 0 ? MoePlan::kept_row(p.run_row[e], p.run_kept[e], p.pos[q]) : -1;
+  }
+  __syncwarp();
+  const int32_t first = plan.primary_of(expert, row, j);
+  if (lane == 0) {
+    // MoeSlot as one 16-byte store: source_token, source_rank | topk_pos << 16, primary_row, weight.
+    const uint4 slot = make_uint4(static_cast<uint32_t>(token),
+                                  static_cast<uint32_t>(t.local_rank & 0xffff) | static_cast<uint32_t>(j) << 16,
+                                  static_cast<uint32_t>(row[first]), __float_as_uint(p.topk_weights[i]));
+    *reinterpret_cast<uint4*>(t.heaps[d] + p.c.workspace + plan.slot_offset(row[j])) = slot;
+  }
+  if (first == j) {
+    warp_copy(t.heaps[d] + p.c.workspace + plan.recv_row_offset(row[j]),
+              p.x + static_cast<int64_t>(token) * plan.row_bytes, plan.row_bytes);
+  }
+  __syncwarp();  // row and expert are rewritten for the warp's next slot
+}
+
+}  // namespace moe_detail
+
+template <class Order>
+struct DispatchGemmPhases {
+  using Params = MoeDispatchGemmParams<Order>;
+  static constexpr bool kEndRegisters = false;
+
+  // Every thread of every CTA: the op handshake, then phases 0-2 over the whole grid (the GEMM
+  // cannot start before the layout, so its CTAs lay it out too). Shared scratch: the launch's dynamic
+  // shared memory, which holds no pipeline yet (static arrays would come on top of the GEMM's
+  // stages, past the SM's 227 KiB).
+  __device__ static bool begin(const Params& p) {
+    using namespace moe_detail;
+    const MoeDispatchParams& d = p.dispatch;
+    const MoeCommonParams& c = d.c;
+    const device::NvlinkTransport& t = c.transport;
+    if (!device::op_enter(t, c.wait, c.signature)) return false;
+    MoeFlags& flags = dispatch_flags(t);
+    const MoePlan& plan = c.plan;
+    const int32_t me = t.local_rank, world = plan.world, L = plan.experts_per_rank;
+    // (blockIdx.x and gridDim.x are read where used: kept in registers through the phases, ptxas
+    // spilled one.)
+    const auto cta = [] { return static_cast<int32_t>(blockIdx.x); };
+    const auto ctas = [] { return static_cast<int32_t>(gridDim.x); };
+    __shared__ uint64_t n;
+    __shared__ int failed;
+    extern __shared__ __align__(16) int32_t phase_smem[];
+    int32_t* warp_hits = phase_smem;
+    if (threadIdx.x == 0) {
+      n = op_number(t);
+      failed = 0;
+      ready_experts() = ReadyExperts{0, 0};
+      if (cta() == 0) d.dropped[0] = d.dropped[1] = 0;
+    }
+    __syncthreads();
+
+    // 0: counts.
+    for (int32_t e = cta(); e < plan.experts; e += ctas()) {
+      const int32_t count = p.wide ? number_slots<int64_t>(d, e, warp_hits) : number_slots<int32_t>(d, e, warp_hits);
+      if (threadIdx.x < world) {
+        *reinterpret_cast<int32_t*>(t.heaps[threadIdx.x] + c.workspace + plan.count_offset(me, e)) = count;
+      }
+    }
+    arrive(flags, n, 0, cta());
+    if (cta() == 0) {
+      if (!await_all(flags, n, 0, ctas(), c.wait, &failed)) return false;
+      raise_everywhere(c, flags, plan.counts_flag(me), 1, n);
+    }
+
+    // 1: the layout.
+    if (!await_flags(c, flags, plan.counts_flag(0), world, n, FlagId::kCounts, [](int32_t s) { return s; },
+                     &failed)) {
+      return false;
+    }
+    lay_out(d, cta(), ctas());
+    if (cta() == 0 && threadIdx.x < 32) scan_slot_starts(c, p.slot_start);
+    arrive(flags, n, 1, cta());
+    if (!await_all(flags, n, 1, ctas(), c.wait, &failed)) return false;
+    if (cta() == 0 && threadIdx.x == 0) report_drops(d, flags, n);
+
+    // 2: home rows and weights; this rank's entries by expert.
+    const int64_t entries = static_cast<int64_t>(c.tokens) * plan.topk;
+    for (int64_t i = static_cast<int64_t>(cta()) * blockDim.x + threadIdx.x; i < entries;
+         i += static_cast<int64_t>(ctas()) * blockDim.x) {
+      const int32_t e = expert_of_entry(d, p.wide, i);
+      c.home_row[i] = e >= 0 ? MoePlan::kept_row(d.run_row[e], d.run_kept[e], d.pos[i]) : -1;
+      c.home_weight[i] = d.topk_weights[i];
+      if (e >= 0) p.slot_list[p.slot_start[e] + d.pos[i]] = static_cast<int32_t>(i);
+    }
+    // The chunk counters from zero: their words may hold another plan's flags (plans of other
+    // shapes index the region differently), and only phase 3 counts in them.
+    for (int32_t i = cta() * blockDim.x + threadIdx.x; i < world * L; i += ctas() * blockDim.x) {
+      flags.plan[plan.send_chunks(i / L, i % L)] = 0;
+      flags.plan[plan.fill_chunks(i / L, i % L)] = 0;
+    }
+    arrive(flags, n, 2, cta());  // the copiers wait for it; the GEMM needs only the layout
+    return true;
+  }
+
+  // The producer warpgroup's warp 1 (threads 0-31 of 96) of a GEMM CTA, during the GEMM: waits for
+  // each local expert's filled flags from every source, in the order the copiers fill them, and
+  // raises ready_experts().ready past it. In the producer warp itself these waits spilled its 40
+  // registers. A failed wait has recorded why and returns: the experts still count as ready, so the
+  // producer never hangs, and the call raises.
+  __device__ static void helpers(const Params& p, int thread, int /*threads*/) {
+    using namespace moe_detail;
+    if (thread >= 32) return;
+    const MoeCommonParams& c = p.dispatch.c;
+    const uint64_t n = op_number(c.transport);
+    MoeFlags& flags = dispatch_flags(c.transport);
+    int32_t* ready = &ready_experts().ready;
+    for (int32_t l = 0; l < c.plan.experts_per_rank; ++l) {
+      for (int32_t s = thread; s < c.plan.world; s += 32) {
+        device::wait_until<false>(&flags.plan[c.plan.filled_flag(s, l)], n, c.wait, FlagId::kArrived, s);
+      }
+      __syncwarp();
+      if (thread == 0) {
+        __threadfence_block();  // release: the waits above before the count (an atomic: racecheck
+        atomicExch(ready, l + 1);  // takes plain shared stores and loads across warps for races)
+      }
+    }
+  }
+
+  // Every thread of copier `cta` of `ctas`: phase 3, once every CTA has done phase 2.
+  __device__ static void copy(const Params& p, int cta, int ctas) {
+    using namespace moe_detail;
+    const MoeDispatchParams& d = p.dispatch;
+    const MoeCommonParams& c = d.c;
+    const device::NvlinkTransport& t = c.transport;
+    MoeFlags& flags = dispatch_flags(t);
+    const MoePlan& plan = c.plan;
+    const int32_t me = t.local_rank, world = plan.world, L = plan.experts_per_rank;
+    const int32_t warp = static_cast<int32_t>(threadIdx.x / 32), warps = static_cast<int32_t>(blockDim.x / 32);
+    __shared__ uint64_t n;
+    __shared__ int failed;
+    extern __shared__ __align__(16) int32_t copier_smem[];  // as begin's: no pipeline in a copier
+    int32_t(*warp_row)[32] = reinterpret_cast<int32_t(*)[32]>(copier_smem);
+    int32_t(*warp_expert)[32] = warp_row + kMoeWarps;
+    if (threadIdx.x == 0) {
+      n = op_number(t);
+      failed = 0;
+    }
+    __syncthreads();
+    if (!await_all(flags, n, 2, gridDim.x, c.wait, &failed)) return;
+
+    // 3: sends and fills, expert by expert.
+    const int32_t* counts = reinterpret_cast<const int32_t*>(c.workspace_here + plan.counts_offset);
+    char* recv = c.workspace_here + plan.recv_offset;
+    const MoeSlot* slots = reinterpret_cast<const MoeSlot*>(c.workspace_here + plan.slots_offset);
+    int32_t next = 0;  // the chunk's number in the order every copier walks
+    for (int32_t l = 0; l < L; ++l) {
+      for (int32_t i = 1; i <= world; ++i) {  // the next rank first, this rank last
+        const int32_t to = (me + i) % world, e = plan.expert_of(to, l);
+        const int32_t rows = d.run_kept[e], chunks = chunks_of(rows);
+        for (int32_t chunk = 0; chunk < chunks; ++chunk, ++next) {
+          if (next % ctas != cta) continue;
+          const int32_t end = min(rows, (chunk + 1) * kMoeChunkRows);
+          for (int32_t r = chunk * kMoeChunkRows + warp; r < end; r += warps) {
+            send_slot_warp(d, p.wide, to, p.slot_list[p.slot_start[e] + r], warp_row[warp], warp_expert[warp]);
+          }
+          chunk_done(flags, plan.send_chunks(to, l), chunks,
+                     [&] { t.signal(to, &flags.plan[plan.arrived_flag(me, l)], n); });
+        }
+      }
+      const int32_t e = plan.expert_of(me, l);
+      for (int32_t s = 0; s < world; ++s) {
+        const int32_t first = plan.run_row(counts, s, e), rows = plan.run_kept(counts, s, e), chunks = chunks_of(rows);
+        for (int32_t chunk = 0; chunk < chunks; ++chunk, ++next) {
+          if (next % ctas != cta) continue;
+          // The run's slots and primaries, and the primaries of its secondaries (lower experts of s).
+          if (!await_flags(c, flags, plan.arrived_flag(s, 0), l + 1, n, FlagId::kArrived,
+                           [s](int32_t) { return s; }, &failed)) {
+            return;
+          }
+          const int32_t end = min(rows, (chunk + 1) * kMoeChunkRows);
+          for (int32_t r = first + chunk * kMoeChunkRows + warp; r < first + end; r += warps) {
+            const int32_t from = slots[r].primary_row;
+            if (from != r && from >= 0 && from < plan.recv_rows) {
+              warp_copy(recv + static_cast<int64_t>(r) * plan.row_bytes,
+                        recv + static_cast<int64_t>(from) * plan.row_bytes, plan.row_bytes);
+            }
+          }
+          chunk_done(flags, plan.fill_chunks(s, l), chunks,
+                     [&] { device::store_release_gpu(&flags.plan[plan.filled_flag(s, l)], n); });
+        }
+      }
+    }
+  }
+
+  // Every thread of every CTA, last.
+  __device__ static void end(const Params& p) { device::op_end(p.dispatch.c.transport); }
+};
+
+// Before a tile's rows are loaded: its expert ready (the helper warp has seen every source's run of
+// it whole), then a proxy fence so that TMA (the async proxy) sees what the copiers stored. Waiting
+// for the whole expert rather than the sources of the tile's own rows costs little: the copiers go
+// expert by expert for every source at once, and the tile walk takes experts in the same order.
+template <class Order>
+struct DispatchInputWait {
+  using Params = MoeDispatchGemmParams<Order>;
+
+  __device__ static bool wait(const Params& p, int m_idx, int /*n_idx*/) {
+    using namespace moe_detail;
+    int32_t group, row;
+    Order::locate(p.order, m_idx, group, row);
+    ReadyExperts& experts = ready_experts();
+    if (group < experts.seen) return false;  // loaded from before, after a fence
+    int32_t ready;
+    do {
+      ready = atomicAdd(&experts.ready, 0);
+    } while (ready <= group);
+    __threadfence_block();  // acquire: the helper's waits before the loads below
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) experts.seen = ready;
+    __syncwarp();
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+    return false;
+  }
+};
+
+}  // namespace interlace
