@@ -113,7 +113,10 @@ __device__ inline bool last_cta_to_arrive(uint32_t* arrived) {
   if (threadIdx.x == 0) {
     __threadfence();
     last = atomicAdd(arrived, 1u) == gridDim.x - 1;
-    if (last) *arrived = 0;
+    if (last) {
+      __threadfence();  // acquire: what this CTA does next is ordered after the others' arrivals
+      *arrived = 0;
+    }
   }
   __syncthreads();
   return last;

@@ -312,6 +312,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       Phases::copy(params.phases, static_cast<int>(blockIdx.x) - gemm_ctas, params.copy_ctas);
       __syncthreads();
       Phases::end(params.phases);
+      // Not out before the cluster's partners (copiers too: copy_ctas is whole clusters) have read
+      // this CTA's vote in whole_cluster_runs; a copier with no work could otherwise exit first.
+      if constexpr (Config::kClusterSize > 1) {
+        cute::cluster_arrive();
+        cute::cluster_wait();
+      }
       return;
     }
   }
