@@ -271,10 +271,10 @@ TEST(MoeDispatchGemmArgs, ReturnsTheGroupedProblemAndRefusesEachBadArgument) {
 TEST(MoeFlagsLayout, PlanFlagsFollowTheBarrierWordsWithinTheRegion) {
   EXPECT_EQ(sizeof(MoeFlags), kOpRegionBytes);
   EXPECT_EQ(offsetof(MoeFlags, plan), kMoeBarrierWords * sizeof(uint64_t));
-  // The largest plan the flags allow fits: W + 5E + 2 <= kMoeMaxFlags.
+  // The largest plan the flags allow fits: W + 3E <= kMoeMaxFlags.
   MoeShape s;
   s.world = 2;
-  s.experts = (kMoeMaxFlags - 2 - 2) / 5 / 2 * 2;
+  s.experts = (kMoeMaxFlags - 2) / 3 / 2 * 2;
   s.topk = 1;
   s.row_bytes = 16;
   s.tokens = 1;

@@ -299,26 +299,21 @@ TEST(MoePlan, WorkspaceAndFlags) {
   EXPECT_EQ(p.slot_offset(2), 256u + 32u);
   EXPECT_EQ(p.count_offset(1, 2), 512u + 24u);
   EXPECT_EQ(p.combine_row_offset(2, 1), 768u + 5 * 32u);
-  // Flags: 2 counts, 2 x 2 arrivals, 4 combines, overflow and dropped; moe_dispatch_gemm's 2 x 2
-  // filled, 2 x 2 send and 2 x 2 fill chunk counters: distinct, dense.
-  EXPECT_EQ(p.flags, 24);
-  EXPECT_EQ(p.flag_bytes, 192u);
+  // Flags: 2 counts, 2 x 2 arrivals, 4 combines, moe_dispatch_gemm's 2 x 2 filled: distinct, dense.
+  EXPECT_EQ(p.flags, 14);
+  EXPECT_EQ(p.flag_bytes, 112u);
   std::set<int32_t> flags;
   for (int s = 0; s < 2; ++s) flags.insert(p.counts_flag(s));
   for (int s = 0; s < 2; ++s) {
     for (int l = 0; l < 2; ++l) {
       flags.insert(p.arrived_flag(s, l));
       flags.insert(p.filled_flag(s, l));
-      flags.insert(p.send_chunks(s, l));
-      flags.insert(p.fill_chunks(s, l));
     }
   }
   for (int e = 0; e < 4; ++e) flags.insert(p.combined_flag(e));
-  flags.insert(p.overflow_flag());
-  flags.insert(p.dropped_word());
-  EXPECT_EQ(flags.size(), 24u);
+  EXPECT_EQ(flags.size(), 14u);
   EXPECT_EQ(*flags.begin(), 0);
-  EXPECT_EQ(*flags.rbegin(), 23);
+  EXPECT_EQ(*flags.rbegin(), 13);
 
   // DeepSeek-V3-like on 2 ranks: 4096 tokens, hidden 7168 bf16, 256 experts, top-8, 512 rows per
   // expert: 128 x 512 receive rows of 14 KiB (896 MiB), combine 4096 x 8 rows (448 MiB).
@@ -327,7 +322,7 @@ TEST(MoePlan, WorkspaceAndFlags) {
   EXPECT_EQ(big.slots_offset, uint64_t{128} * 512 * 14336);
   EXPECT_EQ(big.combine_rows, 4096 * 8);
   EXPECT_EQ(big.heap_bytes, big.combine_offset + uint64_t{4096} * 8 * 14336);
-  EXPECT_EQ(big.flag_bytes, (2u + 5u * 256u + 2u) * 8u);
+  EXPECT_EQ(big.flag_bytes, (2u + 3u * 256u) * 8u);
   EXPECT_EQ(moe_no_drop_capacity(shape_of(2, 256, 8, 4096, 1)), 8192);
   EXPECT_EQ(moe_no_drop_capacity(shape_of(2, 256, 8, 4096, 1, MoeCapacityKind::kPerRank)), 8192 * 8);
   EXPECT_EQ(moe_no_drop_capacity(shape_of(4, 8, 8, 10, 1, MoeCapacityKind::kPerRank)), 4 * 10 * 2);

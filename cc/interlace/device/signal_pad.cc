@@ -34,6 +34,7 @@ const char* flag_name(FlagId flag) {
     case FlagId::kReady: return "ready (a rank on another node has started this all_gather)";
     case FlagId::kNetChunk: return "network chunk (a chunk of a shard from another node has landed)";
     case FlagId::kDrained: return "drained (a rank on another node holds this rank's data)";
+    case FlagId::kFilled: return "filled (a source's rows for a local expert have landed, secondary rows filled)";
     default: return "unknown flag";
   }
 }

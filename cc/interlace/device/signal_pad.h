@@ -48,6 +48,7 @@ enum class FlagId : int32_t {
   kReady = 12,    // all_gather across nodes: a network receiver has started the launch
   kNetChunk = 13, // all_gather across nodes: a chunk of a shard from another node, in a relay slot
   kDrained = 14,  // across nodes: a receiver holds this rank's data, so its network reads are done
+  kFilled = 15,   // moe_dispatch_gemm: a source's rows for a local expert landed, its secondaries filled
 };
 
 // The handshake every op kernel makes on entry (device/op_sequence.cuh). Ops of a group run one

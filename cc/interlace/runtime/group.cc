@@ -236,12 +236,13 @@ void Group::check() {
   }
   IL_CHECK(why.empty(), "rank ", topo_.rank, ": an op call (#", call, ") was not run on any rank: ", why,
            ". The group is still usable.");
-  // A moe_dispatch that dropped slots: its kernel wrote the dropped count before the call number,
+  // A dispatch that dropped slots: its kernel wrote the dropped count before the call number,
   // so a new number comes with its own count.
   const uint64_t overflowed = c->overflowed;
   if (overflowed > overflows_reported_) {
     overflows_reported_ = overflowed;
-    IL_FAIL("rank ", topo_.rank, ": moe_dispatch (op call #", overflowed, ") overflowed its capacity: ",
+    IL_FAIL("rank ", topo_.rank, ": moe_dispatch or moe_dispatch_gemm (op call #", overflowed,
+            ") overflowed its capacity: ",
             c->overflow_dropped, " (token, expert) slots were dropped over all ranks (the last sources' last tokens "
             "of each full expert); they add nothing to moe_combine's sums. Raise the capacity (moe_no_drop_capacity "
             "never drops). The group is still usable.");

@@ -1,5 +1,5 @@
-// What moe's kernels share (ops/moe/kernel.cuh, ops/moe/gemm_combine.cuh): their parameters and the
-// device functions of their phases. No kernels here: the header is included by several launch files.
+// What moe's kernels share (ops/moe/kernel.cuh, gemm_combine.cuh, dispatch_gemm.cuh): their parameters
+// and the device functions of their phases. No kernels here: several launch files include it.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -200,15 +200,12 @@ __device__ __forceinline__ void lay_out(const MoeDispatchParams& p, int32_t cta,
   }
 }
 
-// One thread, once every CTA has laid out: the drops to the host and into the plan's words. Every
-// rank sees the same counts, so every rank reports the same drop. (Volatile: other CTAs' atomics
-// wrote the sums, in L2.)
-__device__ __forceinline__ void report_drops(const MoeDispatchParams& p, MoeFlags& flags, uint64_t n) {
+// One thread, once every CTA has laid out: the drops to the host, which raises on them (group.check).
+// Every rank sees the same counts, so every rank reports the same drop. (Volatile: other CTAs'
+// atomics wrote the sums, in L2.)
+__device__ __forceinline__ void report_drops(const MoeDispatchParams& p, uint64_t n) {
   const int32_t dropped_all = *reinterpret_cast<volatile int32_t*>(&p.dropped[0]);
   if (dropped_all == 0) return;
-  const MoePlan& plan = p.c.plan;
-  flags.plan[plan.dropped_word()] = static_cast<uint64_t>(*reinterpret_cast<volatile int32_t*>(&p.dropped[1]));
-  flags.plan[plan.overflow_flag()] = n;
   volatile HostControl* host = p.c.wait.control;
   host->overflow_dropped = dropped_all;
   __threadfence_system();

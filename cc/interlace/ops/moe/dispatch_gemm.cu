@@ -72,7 +72,9 @@ void moe_dispatch_gemm(Group& group, MoeHandle& handle, const TensorView& x, con
     handle.check_apart(op, "x", x, out);
     IL_CHECK(!bytes_overlap(w, expert_x) && !bytes_overlap(x, expert_x), op,
              ": x or w lies in the handle's receive rows, which the dispatch overwrites; they must be separate memory");
-    IL_CHECK(!bytes_overlap(x, out), op, ": x and out overlap; they must be separate memory");
+    IL_CHECK(!bytes_overlap(x, out) && !bytes_overlap(topk_idx, out) && !bytes_overlap(topk_weights, out), op,
+             ": out overlaps x, topk_idx or topk_weights, which the copiers read while the GEMM writes out; they "
+             "must be separate memory");
     require_hopper(group.device(), op);
     swapped = swapped_tile_rows(tuning, p.b_k_major, p.capacity, p.k, p.n, op) != 0;
     tuning = resolved_grouped_gemm_tuning(tuning, p.capacity, op);
@@ -84,16 +86,15 @@ void moe_dispatch_gemm(Group& group, MoeHandle& handle, const TensorView& x, con
     }
     const int cluster = swapped ? kSwappedGroupedClusterN : tuning.cluster_m;
     if (copy_ctas == 0) copy_ctas = kMoeCopyCtas;
-    IL_CHECK(copy_ctas > 0 && copy_ctas % cluster == 0 && copy_ctas <= kMoeBarrierWords, op,
-             ": copy_ctas must be a positive multiple of the tiles' cluster size ", cluster, " (at most ",
-             kMoeBarrierWords, "), got ", copy_ctas);
+    IL_CHECK(copy_ctas > 0 && copy_ctas % cluster == 0, op,
+             ": copy_ctas must be a positive multiple of the tiles' cluster size ", cluster, ", got ", copy_ctas);
     // Every CTA must be resident: the GEMM CTAs wait for the copiers, and the copiers for each other.
     with_variant(p.b_k_major, swapped, tuning, [&](auto v) {
       ctas = gemm_engine::resident_ctas_of<decltype(v)>(group.device(), group.num_sms());
     });
+    ctas = std::min<int>(ctas, kMoeBarrierWords);  // a barrier word per CTA (the layout's phases)
     IL_CHECK(ctas - copy_ctas >= cluster, op, ": copy_ctas = ", copy_ctas, " leaves no SM for the GEMM (", ctas,
              " CTAs of the kernel fit on this GPU)");
-    ctas = std::min<int>(ctas, kMoeBarrierWords);  // a barrier word per CTA (the layout's phases)
     scratch = group.scratch(at.bytes, "moe_dispatch_gemm's slot numbers, runs and lists", call.capturing());
     return concat(op, "(", describe_moe_shape(shape), ", index_bits=", static_cast<int>(topk_idx.dtype.bits),
                   ", n=", p.n, ", workspace=", handle.workspace(), ", scratch=", scratch, ", swap=", swapped,
@@ -119,6 +120,7 @@ void moe_dispatch_gemm(Group& group, MoeHandle& handle, const TensorView& x, con
       e.dispatch = dispatch;
       e.slot_start = reinterpret_cast<int32_t*>(base + at.slot_start);
       e.slot_list = reinterpret_cast<int32_t*>(base + at.slot_list);
+      e.chunks = reinterpret_cast<uint32_t*>(base + at.chunks);
       e.order = params.order;
       e.wide = topk_idx.dtype.bits == 64;
       params.input_wait = e;

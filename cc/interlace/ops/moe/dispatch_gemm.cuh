@@ -19,13 +19,13 @@
 //      expert l: each secondary row copied from its primary, which lies in a lower expert of the same
 //      source (arrived_flag(s, l' <= l)). A task is cut in chunks of kMoeChunkRows rows dealt
 //      round-robin over the copiers; the CTA that finishes a task's last chunk raises its flag:
-//      arrived_flag(me, l) at d for a send, filled_flag(s, l) here for a fill (MoePlan's chunk
-//      counters).
-// Each copier takes its chunks in that order, and a fill only waits for sends of its own or a lower
-// expert, which come earlier in every rank's order: the earliest blocked chunk anywhere would wait
-// only on chunks before it, whose CTAs are running, so the copiers never deadlock; the GEMM CTAs
-// wait on the copiers, never the other way round. Every wait is bounded: a failed one returns, the
-// GEMM's producer then loads what is there (the consumers never hang) and the call raises.
+//      arrived_flag(me, l) at d for a send, filled_flag(s, l) here for a fill (chunk counters in the
+//      call's scratch: a count in the flag region could pass another plan's wait).
+// Each copier takes its chunks in order of expert, and a fill only waits for sends of its own or a
+// lower expert, which never wait: the earliest blocked chunk anywhere would wait only on sends whose
+// CTAs are running, so the copiers never deadlock; the GEMM CTAs wait on the copiers, never the
+// other way round. Every wait is bounded: a failed one returns, the GEMM's producer then loads what
+// is there (the consumers never hang) and the call raises.
 #pragma once
 
 #include <cstdint>
@@ -37,7 +37,7 @@
 namespace interlace {
 
 // Rows per chunk of a copier task: 4 per warp of the engine's 12. Small enough that a run of 128
-// rows (DeepSeek-like, two ranks) is two chunks, so that every copier has work.
+// rows (DeepSeek-like, two ranks) is three chunks, so that every copier has work.
 constexpr int32_t kMoeChunkRows = 48;
 
 // The phases' and the input wait's parameters (one struct, in both places of GemmParams).
@@ -46,6 +46,8 @@ struct MoeDispatchGemmParams {
   MoeDispatchParams dispatch;  // as moe_dispatch's; pos, run_row, run_kept, dropped in the call's scratch
   int32_t* slot_start;         // [E] scratch: where expert e's entries start in slot_list
   int32_t* slot_list;          // [max_tokens x k] scratch: this rank's entries (token x k + j) by expert, in pos order
+  uint32_t* chunks;            // [2][W][L] scratch: chunks done per task, sends (by destination) then fills
+                               // (by source), zeroed in phase 2
   typename Order::Params order;
   bool wide;                   // topk_idx is int64 (else int32)
 };
@@ -72,7 +74,7 @@ __device__ __forceinline__ int32_t expert_of_entry(const MoeDispatchParams& p, b
   return wide ? expert_at<int64_t>(p, i) : expert_at<int32_t>(p, i);
 }
 
-// Warp 0 of copier 0: slot_start[e] = this rank's slots for experts before e (its counts row, here
+// Warp 0 of CTA 0: slot_start[e] = this rank's slots for experts before e (its counts row, here
 // since the counts flags).
 __device__ __forceinline__ void scan_slot_starts(const MoeCommonParams& c, int32_t* slot_start) {
   const MoePlan& plan = c.plan;
@@ -93,16 +95,15 @@ __device__ __forceinline__ void scan_slot_starts(const MoeCommonParams& c, int32
   }
 }
 
-// All threads of a CTA, after its share of a task: counts the chunk done (the counter at `word` of
-// this rank's flags, zeroed in phase 2); the CTA that completes the task's `chunks` calls raise() (one
-// thread), after every CTA's stores of the task are visible system-wide.
+// All threads of a CTA, after its share of a task: counts the chunk done in `counter`; the CTA that
+// completes the task's `chunks` calls raise() (one thread), after every CTA's stores of the task are
+// visible system-wide.
 template <class Raise>
-__device__ __forceinline__ void chunk_done(MoeFlags& f, int32_t word, int32_t chunks, Raise raise) {
+__device__ __forceinline__ void chunk_done(uint32_t* counter, int32_t chunks, Raise raise) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();
-    auto* counter = reinterpret_cast<unsigned long long*>(&f.plan[word]);
-    if (atomicAdd(counter, 1ull) == static_cast<unsigned long long>(chunks - 1)) {
+    if (atomicAdd(counter, 1u) == static_cast<uint32_t>(chunks - 1)) {
       __threadfence_system();
       raise();
     }
@@ -114,9 +115,9 @@ __device__ __forceinline__ int32_t chunks_of(int32_t rows) {
   return rows > kMoeChunkRows ? (rows + kMoeChunkRows - 1) / kMoeChunkRows : 1;
 }
 
-// One warp, top-k <= 32: the kept slot of entry i (token x k + j) for rank d, whose receive row is
-// `row`: its MoeSlot there, and the token's row if this slot is its primary on d. row/expert: the
-// warp's shared scratch, a word per top-k entry (MoePlan::primary_of reads them).
+// One warp, top-k <= 32: the kept slot of entry i (token x k + j) on rank d: its MoeSlot there, and
+// the token's row if this slot is its primary on d. row/expert: the warp's shared scratch, a word per
+// top-k entry (MoePlan::primary_of reads them).
 __device__ __forceinline__ void send_slot_warp(const MoeDispatchParams& p, bool wide, int32_t d, int64_t i,
                                                int32_t* row, int32_t* expert) {
   const MoePlan& plan = p.c.plan;
@@ -203,7 +204,7 @@ struct DispatchGemmPhases {
     if (cta() == 0 && threadIdx.x < 32) scan_slot_starts(c, p.slot_start);
     arrive(flags, n, 1, cta());
     if (!await_all(flags, n, 1, ctas(), c.wait, &failed)) return false;
-    if (cta() == 0 && threadIdx.x == 0) report_drops(d, flags, n);
+    if (cta() == 0 && threadIdx.x == 0) report_drops(d, n);
 
     // 2: home rows and weights; this rank's entries by expert.
     const int64_t entries = static_cast<int64_t>(c.tokens) * plan.topk;
@@ -214,12 +215,7 @@ struct DispatchGemmPhases {
       c.home_weight[i] = d.topk_weights[i];
       if (e >= 0) p.slot_list[p.slot_start[e] + d.pos[i]] = static_cast<int32_t>(i);
     }
-    // The chunk counters from zero: their words may hold another plan's flags (plans of other
-    // shapes index the region differently), and only phase 3 counts in them.
-    for (int32_t i = cta() * blockDim.x + threadIdx.x; i < world * L; i += ctas() * blockDim.x) {
-      flags.plan[plan.send_chunks(i / L, i % L)] = 0;
-      flags.plan[plan.fill_chunks(i / L, i % L)] = 0;
-    }
+    for (int32_t i = cta() * blockDim.x + threadIdx.x; i < 2 * world * L; i += ctas() * blockDim.x) p.chunks[i] = 0;
     arrive(flags, n, 2, cta());  // the copiers wait for it; the GEMM needs only the layout
     return true;
   }
@@ -238,7 +234,7 @@ struct DispatchGemmPhases {
     int32_t* ready = &ready_experts().ready;
     for (int32_t l = 0; l < c.plan.experts_per_rank; ++l) {
       for (int32_t s = thread; s < c.plan.world; s += 32) {
-        device::wait_until<false>(&flags.plan[c.plan.filled_flag(s, l)], n, c.wait, FlagId::kArrived, s);
+        device::wait_until<false>(&flags.plan[c.plan.filled_flag(s, l)], n, c.wait, FlagId::kFilled, s);
       }
       __syncwarp();
       if (thread == 0) {
@@ -285,7 +281,7 @@ struct DispatchGemmPhases {
           for (int32_t r = chunk * kMoeChunkRows + warp; r < end; r += warps) {
             send_slot_warp(d, p.wide, to, p.slot_list[p.slot_start[e] + r], warp_row[warp], warp_expert[warp]);
           }
-          chunk_done(flags, plan.send_chunks(to, l), chunks,
+          chunk_done(&p.chunks[to * L + l], chunks,
                      [&] { t.signal(to, &flags.plan[plan.arrived_flag(me, l)], n); });
         }
       }
@@ -307,7 +303,7 @@ struct DispatchGemmPhases {
                         recv + static_cast<int64_t>(from) * plan.row_bytes, plan.row_bytes);
             }
           }
-          chunk_done(flags, plan.fill_chunks(s, l), chunks,
+          chunk_done(&p.chunks[(world + s) * L + l], chunks,
                      [&] { device::store_release_gpu(&flags.plan[plan.filled_flag(s, l)], n); });
         }
       }

@@ -44,7 +44,8 @@ MoeDispatchScratch moe_dispatch_scratch(const MoePlan& plan, bool lists) {
   if (lists) {
     s.slot_start = s.bytes;
     s.slot_list = s.slot_start + experts_bytes;
-    s.bytes = s.slot_list + entries_bytes;
+    s.chunks = s.slot_list + entries_bytes;
+    s.bytes = s.chunks + 2 * experts_bytes;
   }
   return s;
 }

@@ -49,7 +49,7 @@ MoePlan make_moe_plan(const MoeShape& s) {
   IL_CHECK(largest <= kInt32Max, "moe: with ", s.world, " ranks x ", s.tokens, " tokens, top-", s.topk,
            " and capacity ", s.capacity, " ", per, ", row offsets reach ", largest,
            ", past 32-bit row indices; split the call or lower the capacity");
-  const int64_t flags = s.world + 5 * s.experts + 2;  // MoePlan's flag indices, the last fill_chunks
+  const int64_t flags = s.world + 3 * s.experts;  // MoePlan's flag indices, the last filled_flag
   IL_CHECK(flags <= kMoeMaxFlags, "moe: ", s.experts, " experts over ", s.world, " ranks need ", flags,
            " flags, more than the ", kMoeMaxFlags, " that fit an op's ", kOpRegionBytes >> 10, " KiB flag region");
 

@@ -18,8 +18,8 @@
 //   evaluates the IL_HOST_DEVICE formulas below on the exchanged counts.
 // - Overflow. A slot whose row falls past its region's end is dropped: the excess of each expert is
 //   the last sources' last tokens (kPerRank: the last experts'), the same on every rank and every run.
-//   Nothing is written past a region; every rank sees the drop in the counts and raises the overflow
-//   flag; the home rank's combine gives a dropped slot nothing (it is left out of the weighted sum).
+//   Nothing is written past a region; every rank sees the drop in the counts and reports it to its
+//   host; the home rank's combine gives a dropped slot nothing (it is left out of the weighted sum).
 // - Routing-aware dispatch. A token crosses to each distinct destination rank among its experts once
 //   (a token whose k experts are all on one rank travels once): its row lands in its primary slot on
 //   that rank, the kept slot of its lowest-numbered expert there; the slot metadata of each of its
@@ -224,23 +224,13 @@ struct MoePlan {
   IL_HOST_DEVICE int32_t arrived_flag(int32_t s, int32_t l) const { return world + s * experts_per_rank + l; }
   // combined_flag(e), on a home rank: expert e's outputs for this rank's tokens have landed.
   IL_HOST_DEVICE int32_t combined_flag(int32_t e) const { return world + experts + e; }
-  // The last op number that dropped slots (local; the host raises on it), and how many this rank dropped.
-  IL_HOST_DEVICE int32_t overflow_flag() const { return world + 2 * experts; }
-  IL_HOST_DEVICE int32_t dropped_word() const { return world + 2 * experts + 1; }
-  // moe_dispatch_gemm's (ops/moe/dispatch_gemm.cuh), all local. filled_flag(s, l): source s's run of
-  // local expert l is whole here, its secondary rows filled from their primaries (the GEMM may load
-  // it). The chunk counters count a task's chunks done, as plain integers the op zeroes before it
-  // counts: send_chunks(d, l) at the sender (its rows for rank d's expert l), fill_chunks(s, l) at the
-  // receiver.
+  // filled_flag(s, l), moe_dispatch_gemm's (ops/moe/dispatch_gemm.cuh), local: source s's run of
+  // local expert l is whole here, its secondary rows filled from their primaries (the GEMM may load it).
   IL_HOST_DEVICE int32_t filled_flag(int32_t s, int32_t l) const {
-    return world + 2 * experts + 2 + s * experts_per_rank + l;
+    return world + 2 * experts + s * experts_per_rank + l;
   }
-  IL_HOST_DEVICE int32_t send_chunks(int32_t d, int32_t l) const {
-    return world + 3 * experts + 2 + d * experts_per_rank + l;
-  }
-  IL_HOST_DEVICE int32_t fill_chunks(int32_t s, int32_t l) const {
-    return world + 4 * experts + 2 + s * experts_per_rank + l;
-  }
+  // Every word here is an op number: plans of other shapes index the same region differently, so a
+  // word of one is a flag of another, and a plain count in it could pass another's wait (">= n").
 };
 
 static_assert(sizeof(MoePlan) <= 256, "MoePlan is a kernel parameter");
