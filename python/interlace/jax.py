@@ -16,6 +16,7 @@ in the symmetric heap, so all_gather takes its staged path and all_reduce its no
     z = interlace.jax.ag_gemm(x, w, group)          # all_gather(x) @ w in one launch
     moe = interlace.jax.MoeBuffers(group, num_experts=64, topk=2, hidden=4096, max_tokens=512, capacity=1024)
     ex, starts, rows = interlace.jax.moe_dispatch(x, topk_idx, topk_weights, moe)  # per expert: rows of ex
+    h, starts, rows = interlace.jax.moe_dispatch_gemm(x, topk_idx, topk_weights, w1, moe)  # ex @ w1[l], one launch
     y = interlace.jax.moe_combine(expert_out, moe, tokens=x.shape[0])             # back home, weighted sum
     y = interlace.jax.moe_gemm_combine(act, w2, moe, tokens=x.shape[0])           # act @ w2[l], then as moe_combine
     o, lse = interlace.jax.attention(q, k, v, causal=True)              # [B, S, H, D] on one GPU
@@ -41,8 +42,8 @@ from interlace._group import native as _native
 # The custom-call target names; the handlers register under these for platform "CUDA".
 TARGETS = ("interlace_all_gather", "interlace_gemm", "interlace_grouped_gemm", "interlace_ag_gemm",
            "interlace_gemm_rs", "interlace_gemm_ar", "interlace_reduce_scatter", "interlace_all_reduce",
-           "interlace_moe_dispatch", "interlace_moe_combine", "interlace_moe_gemm_combine", "interlace_attention",
-           "interlace_ring_attention")
+           "interlace_moe_dispatch", "interlace_moe_combine", "interlace_moe_dispatch_gemm",
+           "interlace_moe_gemm_combine", "interlace_attention", "interlace_ring_attention")
 
 # all_reduce's algorithm names, as interlace.all_reduce takes them (ReduceAlgorithm's values).
 _REDUCE_ALGORITHMS = {"auto": 0, "one_shot": 2, "two_shot": 3}
@@ -224,6 +225,32 @@ def moe_combine(expert_out, buffers, *, tokens) -> "_jax.Array":
     call = _jax.ffi.ffi_call("interlace_moe_combine",
                              _jax.ShapeDtypeStruct((tokens, expert_out.shape[1]), _jnp.bfloat16))
     return call(expert_out, group=handle, moe=_np.int64(buffers.handle))
+
+
+def moe_dispatch_gemm(x, topk_idx, topk_weights, w, buffers, *, cluster_m=0):
+    """interlace.moe_dispatch_gemm with buffers' handle: moe_dispatch and the experts' first matmul in
+    one launch. Returns (out [recv_rows, N] bf16, expert_starts [L] int32, expert_rows [L] int32):
+    local expert l's rows of out, out[expert_starts[l]:expert_starts[l] + expert_rows[l]], are its
+    received rows @ w[l]; out's other rows are unset. x, topk_idx and topk_weights as moe_dispatch's;
+    w [L, hidden, N] bf16, row-major as every XLA buffer (Linear weights [L, N, hidden] go in as
+    jnp.swapaxes(w, 1, 2), which XLA transposes: a copy). buffers' capacity_kind must be "per_expert"
+    and top-k at most 32; moe_combine and moe_gemm_combine follow as after moe_dispatch. cluster_m as
+    in interlace.grouped_gemm."""
+    _register()
+    handle = _group_handle(buffers.group)
+    native = buffers.native
+    if w.ndim != 3 or w.shape[1] != native.hidden:
+        raise ValueError(f"interlace.jax.moe_dispatch_gemm: w {tuple(w.shape)} is not [L, hidden, N] with hidden "
+                         f"{native.hidden}")
+    if w.dtype != _jnp.bfloat16:
+        raise ValueError(f"interlace.jax.moe_dispatch_gemm: w must be bfloat16, got {w.dtype}")
+    experts_per_rank = native.num_experts // native.world_size
+    call = _jax.ffi.ffi_call("interlace_moe_dispatch_gemm",
+                             (_jax.ShapeDtypeStruct((native.recv_rows, w.shape[2]), _jnp.bfloat16),
+                              _jax.ShapeDtypeStruct((experts_per_rank,), _jnp.int32),
+                              _jax.ShapeDtypeStruct((experts_per_rank,), _jnp.int32)))
+    return call(x, topk_idx, topk_weights, w, group=handle, moe=_np.int64(buffers.handle),
+                cluster_m=_np.int64(cluster_m))
 
 
 def moe_gemm_combine(act, w, buffers, *, tokens, cluster_m=0) -> "_jax.Array":

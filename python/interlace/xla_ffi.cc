@@ -275,6 +275,23 @@ ffi::Error moe_combine_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer 
   });
 }
 
+// w arrives as XLA's dense row-major [L, H, N] (N contiguous), one of the two layouts the GEMM reads;
+// the dispatch and GEMM write the handle's buffers and XLA's out, then the per-expert runs are copied
+// out as moe_dispatch's (the receive rows themselves are not: the fused op's caller has out instead).
+ffi::Error moe_dispatch_gemm_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer topk_idx,
+                                  ffi::AnyBuffer topk_weights, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out,
+                                  ffi::Result<ffi::AnyBuffer> expert_starts, ffi::Result<ffi::AnyBuffer> expert_rows,
+                                  int64_t group, int64_t moe, int64_t cluster_m) {
+  return guarded([&] {
+    std::shared_ptr<Group> g = group_by_handle(group);
+    std::shared_ptr<MoeHandle> h = moe_by_handle(moe);
+    moe_dispatch_gemm(*g, *h, view_of(x, device), view_of(topk_idx, device), view_of(topk_weights, device),
+                      view_of(w, device), view_of(*out, device), stream, GroupedGemmTuning{static_cast<int>(cluster_m)});
+    copy_out(h->expert_starts(), *expert_starts, "expert_starts", stream);
+    copy_out(h->expert_rows(), *expert_rows, "expert_rows", stream);
+  });
+}
+
 // w arrives as XLA's dense row-major [L, F, H] (H contiguous), one of the two layouts the GEMM reads;
 // the combine reads the handle's last dispatch, as moe_combine does, and writes XLA's out.
 ffi::Error moe_gemm_combine_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer act, ffi::AnyBuffer w,
@@ -402,6 +419,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_moe_combine, interlace::moe_combine_
                                   .Attr<int64_t>("group")
                                   .Attr<int64_t>("moe"));
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_moe_dispatch_gemm, interlace::moe_dispatch_gemm_impl,
+                              bind_on_stream()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attr<int64_t>("group")
+                                  .Attr<int64_t>("moe")
+                                  .Attr<int64_t>("cluster_m"));
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(interlace_xla_moe_gemm_combine, interlace::moe_gemm_combine_impl,
                               bind_on_stream()
                                   .Arg<xla::ffi::AnyBuffer>()
@@ -436,6 +466,7 @@ void register_xla_ffi(nb::module_& m) {
     d["interlace_all_reduce"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_all_reduce));
     d["interlace_moe_dispatch"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_moe_dispatch));
     d["interlace_moe_combine"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_moe_combine));
+    d["interlace_moe_dispatch_gemm"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_moe_dispatch_gemm));
     d["interlace_moe_gemm_combine"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_moe_gemm_combine));
     d["interlace_attention"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_attention));
     d["interlace_ring_attention"] = nb::capsule(reinterpret_cast<void*>(&interlace_xla_ring_attention));

@@ -1,8 +1,9 @@
 """One rank of interlace.jax under jax.jit (see test_jax_ffi_gpu.py): all_gather, gemm, ag_gemm,
-gemm_rs, gemm_ar, a MoE layer (moe_combine, then moe_gemm_combine), attention, ring_attention,
-reduce_scatter and all_reduce as XLA FFI custom calls on XLA's stream, checked against jnp / jax.lax
-references (the reductions bit for bit against the fp32 sum in rank order, rounded once). One
-process per GPU; each process's JAX sees every GPU and computes on the one its interlace group uses."""
+gemm_rs, gemm_ar, MoE layers (moe_combine, moe_gemm_combine, moe_dispatch_gemm), attention,
+ring_attention, reduce_scatter and all_reduce as XLA FFI custom calls on XLA's stream, checked
+against jnp / jax.lax references (the reductions bit for bit against the fp32 sum in rank order,
+rounded once). One process per GPU; each process's JAX sees every GPU and computes on the one its
+interlace group uses."""
 import os
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # the processes share the GPUs
@@ -207,6 +208,36 @@ def check_moe_gemm_combine():
     group.check()
 
 
+def check_moe_dispatch_gemm():
+    """moe_dispatch_gemm with w1 [L, H, F], then moe_gemm_combine of its relu, in one jitted layer;
+    against moe_dispatch, grouped_gemm, relu and moe_gemm_combine (a second jitted function, the same
+    routing), bit for bit."""
+    F, local = 128, MOE_EXPERTS // WORLD
+    moe = moe_buffers()
+    capacity = moe.native.recv_rows // local
+    w1 = put(shard(RANK, local * MOE_HIDDEN, 37, F).reshape(local, MOE_HIDDEN, F) / 16)
+    w2 = put(shard(RANK, local * F, 31, MOE_HIDDEN).reshape(local, F, MOE_HIDDEN) / 16)
+
+    def fused(x, idx, w, w1, w2):
+        h, _, expert_rows = ij.moe_dispatch_gemm(x, idx, w, w1, moe)
+        return ij.moe_gemm_combine(jax.nn.relu(h), w2, moe, tokens=MOE_TOKENS)
+
+    def unfused(x, idx, w, w1, w2):
+        expert_x, _, expert_rows = ij.moe_dispatch(x, idx, w, moe)
+        h = ij.grouped_gemm(expert_x.reshape(local, capacity, MOE_HIDDEN), w1, expert_rows)
+        return ij.moe_gemm_combine(jax.nn.relu(h.reshape(-1, F)), w2, moe, tokens=MOE_TOKENS)
+
+    fused, unfused = jax.jit(fused), jax.jit(unfused)
+    for step in range(3):
+        inputs = [put(a) for a in moe_routing(RANK, 20 + step)]
+        out = fused(*inputs, w1, w2)
+        want = unfused(*inputs, w1, w2)
+        assert np.isfinite(np.asarray(jax.device_get(out), dtype=np.float32)).all(), \
+            f"rank {RANK}: moe_dispatch_gemm step {step}: out has NaN or inf"
+        expect_bits(out, want, f"jit moe_dispatch_gemm layer step {step} (against moe_dispatch + grouped_gemm)")
+    group.check()
+
+
 def reference_attention(q, k, v, causal, scale):
     """fp32 attention and its lse (natural log) on q, k, v's values: [B, S, Hq, D] and [B, Hq, S]; query
     head h reads KV head h // (Hq // Hkv)."""
@@ -284,6 +315,7 @@ def main():
     check_row_parallel()
     check_moe()
     check_moe_gemm_combine()
+    check_moe_dispatch_gemm()
     check_attention()
     check_reductions()  # ends with a bad reduce_scatter call, as this ends with a bad gemm
     # An interlace.Error inside a handler comes back as a JAX error, not a crash (K not a multiple of 8).
@@ -294,7 +326,8 @@ def main():
     else:
         raise AssertionError("gemm with K = 12 did not raise")
     group.check()
-    print(f"rank {RANK}: jax.jit all_gather, gemm, ag_gemm, gemm_rs, gemm_ar, moe, moe_gemm_combine, attention, "
+    print(f"rank {RANK}: jax.jit all_gather, gemm, ag_gemm, gemm_rs, gemm_ar, moe, moe_gemm_combine, "
+          f"moe_dispatch_gemm, attention, "
           f"ring_attention, reduce_scatter, all_reduce correct (jax {jax.__version__})")
 
 

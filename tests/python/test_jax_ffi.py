@@ -1,8 +1,8 @@
 """interlace.jax on the CPU: the XLA FFI handlers exist in the native module, and jax.jit of
 functions calling interlace.jax.all_gather, gemm, ag_gemm, gemm_rs, gemm_ar, reduce_scatter,
-all_reduce, moe_dispatch, moe_combine, moe_gemm_combine, attention and ring_attention traces and
-lowers, for the CUDA platform, to stablehlo.custom_call ops with interlace's target names,
-attributes and result shapes. Lowering for CUDA needs no GPU and no CUDA plugin; running the calls
+all_reduce, moe_dispatch, moe_combine, moe_dispatch_gemm, moe_gemm_combine, attention and
+ring_attention traces and lowers, for the CUDA platform, to stablehlo.custom_call ops with interlace's
+target names, attributes and result shapes. Lowering for CUDA needs no GPU and no CUDA plugin; running the calls
 does (tests/gpu/test_jax_ffi_gpu.py).
 
 The group is a real interlace.Group whose native group (which needs a GPU) is a stand-in; the
@@ -248,6 +248,32 @@ def test_moe_gemm_combine_lowers_to_custom_call(group):
     assert out.shape == (5, 256) and out.dtype == jnp.bfloat16
     [(_, attrs, _)] = custom_calls(lower_cuda(fused, sds((768, 64)), sds((8, 64, 256))))
     assert "cluster_m = 0 : i64" in attrs
+
+
+def test_moe_dispatch_gemm_lowers_to_custom_call(group):
+    """The whole layer fused: moe_dispatch_gemm (w1 [L, hidden, N]), an activation, moe_gemm_combine."""
+    buffers = moe_buffers_stand_in(group)
+
+    def layer(x, idx, w, w1, w2):
+        h, starts, rows = ij.moe_dispatch_gemm(x, idx, w, w1, buffers, cluster_m=2)
+        return ij.moe_gemm_combine(jax.nn.relu(h), w2, buffers, tokens=x.shape[0]), starts, rows
+
+    args = (sds((64, 256)), sds((64, 2), jnp.int32), sds((64, 2), jnp.float32), sds((8, 256, 512)),
+            sds((8, 512, 256)))
+    text = lower_cuda(layer, *args)
+    calls = re.findall(r"stablehlo\.custom_call @(\w+)\(.*?mhlo\.backend_config = \{(.*?)\}.*?\} : \((.*?)\) -> (.*)",
+                       text)
+    assert [c[0] for c in calls] == ["interlace_moe_dispatch_gemm", "interlace_moe_gemm_combine"], text
+    _, attrs, operands, results = calls[0]
+    assert "moe = 77 : i64" in attrs and "group = 4242 : i64" in attrs and "cluster_m = 2 : i64" in attrs
+    assert operands == "tensor<64x256xbf16>, tensor<64x2xi32>, tensor<64x2xf32>, tensor<8x256x512xbf16>", operands
+    assert "tensor<768x512xbf16>, tensor<8xi32>, tensor<8xi32>" in results, results
+    for what, w1, match in (("w1 as Linear's [L, N, H]", sds((8, 512, 256)), r"is not \[L, hidden, N\]"),
+                            ("w1 2-D", sds((256, 512)), r"is not \[L, hidden, N\]"),
+                            ("w1 float16", sds((8, 256, 512), jnp.float16), "must be bfloat16")):
+        with pytest.raises(ValueError, match=match):
+            jax.eval_shape(lambda *a: ij.moe_dispatch_gemm(*a, buffers), *args[:3], w1)
+            pytest.fail(f"{what}: no error")
 
 
 def test_moe_gemm_combine_argument_errors(group):
