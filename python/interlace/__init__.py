@@ -302,6 +302,18 @@ def moe_no_drop_capacity(world_size, *, num_experts, topk, max_tokens, capacity_
                                     capacity_kind=_capacity_kind(capacity_kind))
 
 
+def _dispatch_handle(op, x, topk_idx, group, handle, num_experts, capacity, capacity_kind, max_tokens):
+    """handle, or a new MoeHandle for x and topk_idx (a collective allocation)."""
+    _capacity_kind(capacity_kind)
+    if handle is not None:
+        return handle
+    if num_experts is None or capacity is None:
+        raise Error(f"{op}: pass num_experts and capacity (or a handle)")
+    return MoeHandle(group, num_experts=num_experts, topk=topk_idx.shape[1], hidden=x.shape[1],
+                     max_tokens=x.shape[0] if max_tokens is None else max_tokens, capacity=capacity,
+                     capacity_kind=capacity_kind)
+
+
 def moe_dispatch(x, topk_idx, topk_weights, group, *, num_experts=None, capacity=None, capacity_kind="per_expert",
                  max_tokens=None, handle=None, stream=None):
     """Expert-parallel MoE dispatch over NVLink: sends each token's row x[t] to the ranks of its
@@ -321,14 +333,9 @@ def moe_dispatch(x, topk_idx, topk_weights, group, *, num_experts=None, capacity
     last sources' last tokens of a full expert) and never written out of bounds; group.check() then
     raises interlace.Error once, after synchronizing. Stream-ordered, graph-capturable; raises
     interlace.Error before any GPU work on bad arguments."""
-    if handle is None and (num_experts is None or capacity is None):
-        raise Error("moe_dispatch: pass num_experts and capacity (or a handle)")
-    _capacity_kind(capacity_kind)
+    handle = _dispatch_handle("moe_dispatch", x, topk_idx, group, handle, num_experts, capacity, capacity_kind,
+                              max_tokens)
     native = _native(group)
-    if handle is None:
-        handle = MoeHandle(group, num_experts=num_experts, topk=topk_idx.shape[1], hidden=x.shape[1],
-                           max_tokens=x.shape[0] if max_tokens is None else max_tokens, capacity=capacity,
-                           capacity_kind=capacity_kind)
     if stream is None:
         stream = _frameworks.current_stream(x, topk_idx, topk_weights)
     _C.moe_dispatch(_frameworks.as_dlpack(x), _frameworks.as_dlpack(topk_idx), _frameworks.as_dlpack(topk_weights),
@@ -372,14 +379,9 @@ def moe_dispatch_gemm(x, topk_idx, topk_weights, w, group, *, out, num_experts=N
         raise TypeError("JAX arrays are immutable: interlace.moe_dispatch_gemm writes into out")
     if swap is not None and not isinstance(swap, bool):
         raise TypeError(f"moe_dispatch_gemm: swap must be None (automatic), True or False; got {swap!r}")
-    if handle is None and (num_experts is None or capacity is None):
-        raise Error("moe_dispatch_gemm: pass num_experts and capacity (or a handle)")
-    _capacity_kind(capacity_kind)
+    handle = _dispatch_handle("moe_dispatch_gemm", x, topk_idx, group, handle, num_experts, capacity, capacity_kind,
+                              max_tokens)
     native = _native(group)
-    if handle is None:
-        handle = MoeHandle(group, num_experts=num_experts, topk=topk_idx.shape[1], hidden=x.shape[1],
-                           max_tokens=x.shape[0] if max_tokens is None else max_tokens, capacity=capacity,
-                           capacity_kind=capacity_kind)
     if stream is None:
         stream = _frameworks.current_stream(out, x, topk_idx, topk_weights, w)
     _C.moe_dispatch_gemm(_frameworks.as_dlpack(x), _frameworks.as_dlpack(topk_idx),
