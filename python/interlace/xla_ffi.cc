@@ -247,8 +247,8 @@ ffi::Error ring_attention_impl(cudaStream_t stream, int32_t device, ffi::AnyBuff
 
 // The handle's receive rows and per-expert runs live in the group's heap, where peers write them;
 // XLA's outputs are its own buffers, so they are copied out (on XLA's stream, after the dispatch).
-void copy_out(const TensorView& from, ffi::AnyBuffer& to, const char* what, cudaStream_t stream) {
-  IL_CHECK(static_cast<int64_t>(to.size_bytes()) == static_cast<int64_t>(from.nbytes()), "interlace.jax.moe_dispatch: ",
+void copy_out(const char* op, const TensorView& from, ffi::AnyBuffer& to, const char* what, cudaStream_t stream) {
+  IL_CHECK(static_cast<int64_t>(to.size_bytes()) == static_cast<int64_t>(from.nbytes()), "interlace.jax.", op, ": ",
            what, " is ", to.size_bytes(), " bytes but the handle's is ", from.nbytes());
   IL_CUDA_CHECK(cudaMemcpyAsync(to.untyped_data(), from.data, from.nbytes(), cudaMemcpyDeviceToDevice, stream));
 }
@@ -261,9 +261,9 @@ ffi::Error moe_dispatch_impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer
     std::shared_ptr<Group> g = group_by_handle(group);
     std::shared_ptr<MoeHandle> h = moe_by_handle(moe);
     moe_dispatch(*g, *h, view_of(x, device), view_of(topk_idx, device), view_of(topk_weights, device), stream);
-    copy_out(h->expert_x(), *expert_x, "expert_x", stream);
-    copy_out(h->expert_starts(), *expert_starts, "expert_starts", stream);
-    copy_out(h->expert_rows(), *expert_rows, "expert_rows", stream);
+    copy_out("moe_dispatch", h->expert_x(), *expert_x, "expert_x", stream);
+    copy_out("moe_dispatch", h->expert_starts(), *expert_starts, "expert_starts", stream);
+    copy_out("moe_dispatch", h->expert_rows(), *expert_rows, "expert_rows", stream);
   });
 }
 
@@ -287,8 +287,8 @@ ffi::Error moe_dispatch_gemm_impl(cudaStream_t stream, int32_t device, ffi::AnyB
     std::shared_ptr<MoeHandle> h = moe_by_handle(moe);
     moe_dispatch_gemm(*g, *h, view_of(x, device), view_of(topk_idx, device), view_of(topk_weights, device),
                       view_of(w, device), view_of(*out, device), stream, GroupedGemmTuning{static_cast<int>(cluster_m)});
-    copy_out(h->expert_starts(), *expert_starts, "expert_starts", stream);
-    copy_out(h->expert_rows(), *expert_rows, "expert_rows", stream);
+    copy_out("moe_dispatch_gemm", h->expert_starts(), *expert_starts, "expert_starts", stream);
+    copy_out("moe_dispatch_gemm", h->expert_rows(), *expert_rows, "expert_rows", stream);
   });
 }
 

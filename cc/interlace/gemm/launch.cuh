@@ -165,6 +165,11 @@ cudaLaunchConfig_t launch_config(void (*kernel)(Params), int ctas, cudaStream_t 
 
 template <class Config, class Params>
 void launch_kernel(void (*kernel)(Params), const Params& params, int ctas, cudaStream_t stream) {
+  // Whole clusters, copiers included: a cluster's CTAs wait for each other (the kernel's votes and
+  // barriers), so one split between roles would hang. The ops size both; this catches a new one's slip.
+  IL_CHECK(ctas % Config::kClusterSize == 0 && params.copy_ctas % Config::kClusterSize == 0,
+           "gemm engine: ", ctas, " CTAs with ", params.copy_ctas, " copiers are not whole clusters of ",
+           Config::kClusterSize);
   cudaLaunchAttribute cluster{};
   const cudaLaunchConfig_t config = launch_config<Config>(kernel, ctas, stream, &cluster);
   IL_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
