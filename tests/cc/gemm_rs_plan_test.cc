@@ -610,7 +610,10 @@ TEST(GemmRsNumerics, RankOrderSumsAreBitwiseDeterministic) {
   check_numerics({0, 1}, 129, 128, 4);
   check_numerics({5, 5, 5, 5, 5}, 64, 128, 5);
   uint32_t seed = 10;
-  for (const auto& layout : random_layouts(31, 12, 6, 400)) check_numerics(layout, 1 + seed % 300, 128, seed++);
+  for (const auto& layout : random_layouts(31, 12, 6, 400)) {
+    check_numerics(layout, 1 + seed % 300, 128, seed);  // (seed++ in the same call was unsequenced)
+    ++seed;
+  }
 }
 
 // Why a fixed order: fp32 addition is not associative, so summing in arrival order would change
