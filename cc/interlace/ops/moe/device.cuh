@@ -212,6 +212,24 @@ __device__ __forceinline__ void report_drops(const MoeDispatchParams& p, uint64_
   host->overflowed = n;
 }
 
+// Top-k entry i's receive row at its expert's rank (e: its expert, -1 for unused), or -1 where unused
+// or dropped: the plan's kept_row with this rank's run of e and the entry's slot number.
+__device__ __forceinline__ int32_t entry_row(const MoeDispatchParams& p, int32_t e, int64_t i) {
+  return e >= 0 ? MoePlan::kept_row(p.run_row[e], p.run_kept[e], p.pos[i]) : -1;
+}
+
+// One thread: entry i (token x k + j) of this rank's kept slot's MoeSlot into rank d's slot `row`, as
+// one 16-byte store: source_token, source_rank | topk_pos << 16, primary_row, weight.
+__device__ __forceinline__ void store_slot(const MoeDispatchParams& p, int32_t d, int32_t row, int64_t i,
+                                           int32_t primary_row) {
+  const device::NvlinkTransport& t = p.c.transport;
+  const int32_t k = p.c.plan.topk;
+  const uint4 slot = make_uint4(static_cast<uint32_t>(i / k),
+                                static_cast<uint32_t>(t.local_rank & 0xffff) | static_cast<uint32_t>(i % k) << 16,
+                                static_cast<uint32_t>(primary_row), __float_as_uint(p.topk_weights[i]));
+  *reinterpret_cast<uint4*>(t.heaps[d] + p.c.workspace + p.c.plan.slot_offset(row)) = slot;
+}
+
 // Phase 2, all threads of the CTA, for one token: metadata of its kept slots, its row once per
 // destination rank. row/expert/primary: shared, one entry per top-k position.
 template <class IdxT>
@@ -223,7 +241,7 @@ __device__ __forceinline__ void send_token(const MoeDispatchParams& p, int32_t t
   const int64_t i = static_cast<int64_t>(token) * k + j;
   if (j < k) {
     const int32_t e = expert_at<IdxT>(p, i);
-    row[j] = e >= 0 ? MoePlan::kept_row(p.run_row[e], p.run_kept[e], p.pos[i]) : -1;
+    row[j] = entry_row(p, e, i);
     expert[j] = e;
     p.c.home_row[i] = row[j];
     p.c.home_weight[i] = p.topk_weights[i];
@@ -234,11 +252,7 @@ __device__ __forceinline__ void send_token(const MoeDispatchParams& p, int32_t t
     if (row[j] >= 0) {
       const int32_t d = plan.rank_of_expert(expert[j]);
       first = plan.primary_of(expert, row, j);
-      // MoeSlot as one 16-byte store: source_token, source_rank | topk_pos << 16, primary_row, weight.
-      const uint4 slot = make_uint4(static_cast<uint32_t>(token),
-                                    static_cast<uint32_t>(t.local_rank & 0xffff) | static_cast<uint32_t>(j) << 16,
-                                    static_cast<uint32_t>(row[first]), __float_as_uint(p.topk_weights[i]));
-      *reinterpret_cast<uint4*>(t.heaps[d] + p.c.workspace + plan.slot_offset(row[j])) = slot;
+      store_slot(p, d, row[j], i, row[first]);
     }
     primary[j] = first;
   }
@@ -266,7 +280,7 @@ __device__ __forceinline__ void send_token_warp(const MoeDispatchParams& p, int3
   int32_t e = -1, r = -1;
   if (j < k) {
     e = expert_at<IdxT>(p, i);
-    r = e >= 0 ? MoePlan::kept_row(p.run_row[e], p.run_kept[e], p.pos[i]) : -1;
+    r = entry_row(p, e, i);
     row[j] = r;
     expert[j] = e;
     p.c.home_row[i] = r;
@@ -276,12 +290,7 @@ __device__ __forceinline__ void send_token_warp(const MoeDispatchParams& p, int3
   int32_t first = -1;  // the primary: the kept entry of the lowest-numbered expert on this entry's rank
   if (j < k && r >= 0) {
     first = plan.primary_of(expert, row, j);
-    const int32_t d = plan.rank_of_expert(e);
-    // MoeSlot as one 16-byte store: source_token, source_rank | topk_pos << 16, primary_row, weight.
-    const uint4 slot = make_uint4(static_cast<uint32_t>(token),
-                                  static_cast<uint32_t>(t.local_rank & 0xffff) | static_cast<uint32_t>(j) << 16,
-                                  static_cast<uint32_t>(row[first]), __float_as_uint(p.topk_weights[i]));
-    *reinterpret_cast<uint4*>(t.heaps[d] + p.c.workspace + plan.slot_offset(r)) = slot;
+    store_slot(p, plan.rank_of_expert(e), r, i, row[first]);
   }
   const char* src = p.x + static_cast<int64_t>(token) * plan.row_bytes;
   for (int32_t q = 0; q < k; ++q) {

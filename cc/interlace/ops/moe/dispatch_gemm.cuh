@@ -128,17 +128,11 @@ __device__ __forceinline__ void send_slot_warp(const MoeDispatchParams& p, bool 
     const int64_t q = static_cast<int64_t>(token) * k + lane;
     const int32_t e = expert_of_entry(p, wide, q);
     expert[lane] = e;
-    row[lane] = e >= 0 ? MoePlan::kept_row(p.run_row[e], p.run_kept[e], p.pos[q]) : -1;
+    row[lane] = entry_row(p, e, q);
   }
   __syncwarp();
   const int32_t first = plan.primary_of(expert, row, j);
-  if (lane == 0) {
-    // MoeSlot as one 16-byte store: source_token, source_rank | topk_pos << 16, primary_row, weight.
-    const uint4 slot = make_uint4(static_cast<uint32_t>(token),
-                                  static_cast<uint32_t>(t.local_rank & 0xffff) | static_cast<uint32_t>(j) << 16,
-                                  static_cast<uint32_t>(row[first]), __float_as_uint(p.topk_weights[i]));
-    *reinterpret_cast<uint4*>(t.heaps[d] + p.c.workspace + plan.slot_offset(row[j])) = slot;
-  }
+  if (lane == 0) store_slot(p, d, row[j], i, row[first]);
   if (first == j) {
     warp_copy(t.heaps[d] + p.c.workspace + plan.recv_row_offset(row[j]),
               p.x + static_cast<int64_t>(token) * plan.row_bytes, plan.row_bytes);
@@ -166,10 +160,7 @@ struct DispatchGemmPhases {
     MoeFlags& flags = dispatch_flags(t);
     const MoePlan& plan = c.plan;
     const int32_t me = t.local_rank, world = plan.world, L = plan.experts_per_rank;
-    // (blockIdx.x and gridDim.x are read where used: kept in registers through the phases, ptxas
-    // spilled one.)
-    const auto cta = [] { return static_cast<int32_t>(blockIdx.x); };
-    const auto ctas = [] { return static_cast<int32_t>(gridDim.x); };
+    const int32_t cta = static_cast<int32_t>(blockIdx.x), ctas = static_cast<int32_t>(gridDim.x);
     __shared__ uint64_t n;
     __shared__ int failed;
     extern __shared__ __align__(16) int32_t phase_smem[];
@@ -178,20 +169,20 @@ struct DispatchGemmPhases {
       n = op_number(t);
       failed = 0;
       ready_experts() = ReadyExperts{0, 0};
-      if (cta() == 0) d.dropped[0] = d.dropped[1] = 0;
+      if (cta == 0) d.dropped[0] = d.dropped[1] = 0;
     }
     __syncthreads();
 
     // 0: counts.
-    for (int32_t e = cta(); e < plan.experts; e += ctas()) {
+    for (int32_t e = cta; e < plan.experts; e += ctas) {
       const int32_t count = p.wide ? number_slots<int64_t>(d, e, warp_hits) : number_slots<int32_t>(d, e, warp_hits);
       if (threadIdx.x < world) {
         *reinterpret_cast<int32_t*>(t.heaps[threadIdx.x] + c.workspace + plan.count_offset(me, e)) = count;
       }
     }
-    arrive(flags, n, 0, cta());
-    if (cta() == 0) {
-      if (!await_all(flags, n, 0, ctas(), c.wait, &failed)) return false;
+    arrive(flags, n, 0, cta);
+    if (cta == 0) {
+      if (!await_all(flags, n, 0, ctas, c.wait, &failed)) return false;
       raise_everywhere(c, flags, plan.counts_flag(me), 1, n);
     }
 
@@ -200,23 +191,23 @@ struct DispatchGemmPhases {
                      &failed)) {
       return false;
     }
-    lay_out(d, cta(), ctas());
-    if (cta() == 0 && threadIdx.x < 32) scan_slot_starts(c, p.slot_start);
-    arrive(flags, n, 1, cta());
-    if (!await_all(flags, n, 1, ctas(), c.wait, &failed)) return false;
-    if (cta() == 0 && threadIdx.x == 0) report_drops(d, n);
+    lay_out(d, cta, ctas);
+    if (cta == 0 && threadIdx.x < 32) scan_slot_starts(c, p.slot_start);
+    arrive(flags, n, 1, cta);
+    if (!await_all(flags, n, 1, ctas, c.wait, &failed)) return false;
+    if (cta == 0 && threadIdx.x == 0) report_drops(d, n);
 
     // 2: home rows and weights; this rank's entries by expert.
     const int64_t entries = static_cast<int64_t>(c.tokens) * plan.topk;
-    for (int64_t i = static_cast<int64_t>(cta()) * blockDim.x + threadIdx.x; i < entries;
-         i += static_cast<int64_t>(ctas()) * blockDim.x) {
+    for (int64_t i = static_cast<int64_t>(cta) * blockDim.x + threadIdx.x; i < entries;
+         i += static_cast<int64_t>(ctas) * blockDim.x) {
       const int32_t e = expert_of_entry(d, p.wide, i);
-      c.home_row[i] = e >= 0 ? MoePlan::kept_row(d.run_row[e], d.run_kept[e], d.pos[i]) : -1;
+      c.home_row[i] = entry_row(d, e, i);
       c.home_weight[i] = d.topk_weights[i];
       if (e >= 0) p.slot_list[p.slot_start[e] + d.pos[i]] = static_cast<int32_t>(i);
     }
-    for (int32_t i = cta() * blockDim.x + threadIdx.x; i < 2 * world * L; i += ctas() * blockDim.x) p.chunks[i] = 0;
-    arrive(flags, n, 2, cta());  // the copiers wait for it; the GEMM needs only the layout
+    for (int32_t i = cta * blockDim.x + threadIdx.x; i < 2 * world * L; i += ctas * blockDim.x) p.chunks[i] = 0;
+    arrive(flags, n, 2, cta);  // the copiers wait for it; the GEMM needs only the layout
     return true;
   }
 
