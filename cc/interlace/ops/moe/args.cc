@@ -17,6 +17,13 @@ void check_combine_out(const char* op, const TensorView& out, const MoePlan& pla
   check_placed(op, "out", out, device, kMoeRowAlignBytes);
 }
 
+// The fused GEMMs view the receive rows as [L, C, ...]: expert l's rows must start at l x C.
+void check_per_expert(const char* op, const MoePlan& plan) {
+  IL_CHECK(plan.capacity_kind == MoeCapacityKind::kPerExpert, op,
+           ": the handle's capacity_kind is per_rank; the fused GEMM needs per_expert, where local expert l's rows "
+           "start at l x capacity (make the MoeHandle with capacity_kind='per_expert')");
+}
+
 }  // namespace
 
 MoeShape check_moe_dispatch_args(const TensorView& x, const TensorView& topk_idx, const TensorView& topk_weights,
@@ -73,9 +80,7 @@ GroupedGemmProblem check_moe_gemm_combine_args(const TensorView& act, const Tens
                                                int device) {
   const char* op = "moe_gemm_combine";
   const int64_t hidden = plan.row_bytes / 2, local = plan.experts_per_rank;
-  IL_CHECK(plan.capacity_kind == MoeCapacityKind::kPerExpert, op,
-           ": the handle's capacity_kind is per_rank; the fused GEMM needs per_expert, where local expert l's rows "
-           "start at l x capacity (make the MoeHandle with capacity_kind='per_expert')");
+  check_per_expert(op, plan);
   IL_CHECK(is_bf16(act), op, ": act has dtype ", act.dtype_name(), "; it must be bfloat16");
   IL_CHECK(is_bf16(w), op, ": w has dtype ", w.dtype_name(), "; it must be bfloat16");
   IL_CHECK(act.shape.size() == 2 && act.shape[0] == plan.recv_rows, op, ": act has shape ", act.shape_string(),
@@ -102,9 +107,7 @@ GroupedGemmProblem check_moe_dispatch_gemm_args(const TensorView& w, const Tenso
                                                 const TensorView& rows, const MoePlan& plan, int device) {
   const char* op = "moe_dispatch_gemm";
   const int64_t hidden = plan.row_bytes / 2, local = plan.experts_per_rank;
-  IL_CHECK(plan.capacity_kind == MoeCapacityKind::kPerExpert, op,
-           ": the handle's capacity_kind is per_rank; the fused GEMM needs per_expert, where local expert l's rows "
-           "start at l x capacity (make the MoeHandle with capacity_kind='per_expert')");
+  check_per_expert(op, plan);
   IL_CHECK(plan.topk <= kMoeDispatchGemmMaxTopk, op, ": top-", plan.topk, " is more than the ",
            kMoeDispatchGemmMaxTopk, " the fused op takes (a warp per slot reads the token's entries); call "
            "moe_dispatch, then grouped_gemm");

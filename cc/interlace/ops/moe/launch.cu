@@ -21,17 +21,17 @@ bool same_shape(const MoeShape& a, const MoeShape& b) {
          a.tokens == b.tokens && a.capacity == b.capacity && a.capacity_kind == b.capacity_kind;
 }
 
-std::string describe(const MoeShape& s) {
-  return detail::concat("world=", s.world, ", experts=", s.experts, ", topk=", s.topk, ", hidden=", s.row_bytes / 2,
-                        ", max_tokens=", s.tokens, ", capacity=", s.capacity, ", capacity_kind=",
-                        kind_name(s.capacity_kind));
-}
-
 // The phases' grid barriers need every CTA resident: one per SM (the kernels take a whole SM's
 // threads at most), never more CTAs than barrier words.
 int num_blocks(const Group& group) { return std::min(group.num_sms(), static_cast<int>(kMoeBarrierWords)); }
 
 }  // namespace
+
+std::string describe_moe_shape(const MoeShape& s) {
+  return detail::concat("world=", s.world, ", experts=", s.experts, ", topk=", s.topk, ", hidden=", s.row_bytes / 2,
+                        ", max_tokens=", s.tokens, ", capacity=", s.capacity, ", capacity_kind=",
+                        kind_name(s.capacity_kind));
+}
 
 MoeDispatchScratch moe_dispatch_scratch(const MoePlan& plan, bool lists) {
   const uint64_t entries_bytes = align_up(static_cast<uint64_t>(plan.combine_rows) * sizeof(int32_t));
@@ -56,12 +56,10 @@ MoeShape check_dispatch_for_handle(const char* op, Group& group, const MoeHandle
   MoeDispatchOptions options{want.experts, want.capacity, want.capacity_kind, want.tokens};
   const MoeShape shape = check_moe_dispatch_args(x, topk_idx, topk_weights, options, group.topology().world_size,
                                                  group.device(), op);
-  IL_CHECK(same_shape(shape, want), op, ": the arguments give (", describe(shape), ") but the handle was made for (",
-           describe(want), ")");
+  IL_CHECK(same_shape(shape, want), op, ": the arguments give (", describe_moe_shape(shape),
+           ") but the handle was made for (", describe_moe_shape(want), ")");
   return want;
 }
-
-std::string describe_moe_shape(const MoeShape& shape) { return describe(shape); }
 
 MoeDispatchParams moe_dispatch_params(Group& group, const OpCall& call, uint64_t signature, const MoeHandle& handle,
                                       const TensorView& x, const TensorView& topk_idx,
@@ -103,7 +101,7 @@ MoeHandle::MoeHandle(Group& group, const MoeShape& shape) : group_(group), shape
   expert_start_ = align_up(home_weight_ + slots * sizeof(float));
   expert_rows_ = align_up(expert_start_ + static_cast<uint64_t>(plan_.experts_per_rank) * sizeof(int32_t));
   bytes_ = align_up(expert_rows_ + static_cast<uint64_t>(plan_.experts_per_rank) * sizeof(int32_t));
-  offset_ = group.allocate(bytes_, "moe handle (" + describe(shape) + ")");
+  offset_ = group.allocate(bytes_, "moe handle (" + describe_moe_shape(shape) + ")");
 }
 
 MoeHandle::~MoeHandle() {
@@ -159,8 +157,9 @@ void moe_dispatch(Group& group, MoeHandle& handle, const TensorView& x, const Te
     check_one_node(group, "moe_dispatch");
     const MoeShape shape = check_dispatch_for_handle("moe_dispatch", group, handle, x, topk_idx, topk_weights);
     scratch = group.scratch(at.bytes, "moe_dispatch's slot numbers and runs", call.capturing());
-    return detail::concat("moe_dispatch(", describe(shape), ", index_bits=", static_cast<int>(topk_idx.dtype.bits),
-                          ", workspace=", handle.workspace(), ", scratch=", scratch, ", num_blocks=", blocks, ")");
+    return detail::concat("moe_dispatch(", describe_moe_shape(shape), ", index_bits=",
+                          static_cast<int>(topk_idx.dtype.bits), ", workspace=", handle.workspace(),
+                          ", scratch=", scratch, ", num_blocks=", blocks, ")");
   });
   const MoeDispatchParams p = moe_dispatch_params(group, call, signature, handle, x, topk_idx, topk_weights, scratch, at);
   const bool wide = topk_idx.dtype.bits == 64;
@@ -185,7 +184,7 @@ void moe_combine(Group& group, MoeHandle& handle, const TensorView& expert_out, 
     IL_CHECK(handle.tokens() >= 0, "moe_combine: the handle has not dispatched yet; call moe_dispatch with it first");
     check_moe_combine_args(expert_out, out, handle.plan(), handle.tokens(), group.device());
     handle.check_apart("moe_combine", "expert_out", expert_out, out);
-    return detail::concat("moe_combine(", describe(handle.shape()), ", workspace=", handle.workspace(),
+    return detail::concat("moe_combine(", describe_moe_shape(handle.shape()), ", workspace=", handle.workspace(),
                           ", num_blocks=", blocks, ")");
   });
   MoeCombineParams p{};
