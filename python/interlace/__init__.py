@@ -137,6 +137,13 @@ def gemm(a, b, out, *, stream=None, band_m=0, tile_n=0, cluster_m=0, pingpong=Tr
             band_m=band_m, tile_n=tile_n, cluster_m=cluster_m, pingpong=pingpong)
 
 
+def _swap_code(op, swap):
+    """The binding's swap (0 automatic, 1 swapped, -1 never) for None, True or False."""
+    if swap is not None and not isinstance(swap, bool):
+        raise TypeError(f"{op}: swap must be None (automatic), True or False; got {swap!r}")
+    return {None: 0, True: 1, False: -1}[swap]
+
+
 def grouped_gemm(a, b, out, rows, *, stream=None, cluster_m=0, tile_n=0, swap=None):
     """G GEMMs in one launch, a mixture of experts' FFN matmul on the tokens each expert received:
     out[g, :rows[g]] = a[g, :rows[g]] @ b[g] for every group g. a is [G, C, K] (C rows per group, the
@@ -156,13 +163,12 @@ def grouped_gemm(a, b, out, rows, *, stream=None, cluster_m=0, tile_n=0, swap=No
     before any GPU work on bad arguments."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: interlace.grouped_gemm writes into out")
-    if swap is not None and not isinstance(swap, bool):
-        raise TypeError(f"grouped_gemm: swap must be None (automatic), True or False; got {swap!r}")
+    swap = _swap_code("grouped_gemm", swap)
     if stream is None:
         stream = _frameworks.current_stream(out, a, b)
     _C.grouped_gemm(_frameworks.as_dlpack(a), _frameworks.as_dlpack(b), _frameworks.as_dlpack(out),
                     _frameworks.as_dlpack(rows), stream=stream, cluster_m=cluster_m, tile_n=tile_n,
-                    swap={None: 0, True: 1, False: -1}[swap])
+                    swap=swap)
 
 
 def _check_scale(op, softmax_scale):
@@ -377,8 +383,7 @@ def moe_dispatch_gemm(x, topk_idx, topk_weights, w, group, *, out, num_experts=N
     arguments."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: interlace.moe_dispatch_gemm writes into out")
-    if swap is not None and not isinstance(swap, bool):
-        raise TypeError(f"moe_dispatch_gemm: swap must be None (automatic), True or False; got {swap!r}")
+    swap = _swap_code("moe_dispatch_gemm", swap)
     handle = _dispatch_handle("moe_dispatch_gemm", x, topk_idx, group, handle, num_experts, capacity, capacity_kind,
                               max_tokens)
     native = _native(group)
@@ -387,7 +392,7 @@ def moe_dispatch_gemm(x, topk_idx, topk_weights, w, group, *, out, num_experts=N
     _C.moe_dispatch_gemm(_frameworks.as_dlpack(x), _frameworks.as_dlpack(topk_idx),
                          _frameworks.as_dlpack(topk_weights), _frameworks.as_dlpack(w), _frameworks.as_dlpack(out),
                          handle, native, stream=stream, cluster_m=cluster_m, tile_n=tile_n,
-                         swap={None: 0, True: 1, False: -1}[swap], copy_ctas=copy_ctas)
+                         swap=swap, copy_ctas=copy_ctas)
     return out, handle
 
 
