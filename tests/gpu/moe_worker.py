@@ -337,6 +337,24 @@ def graph_buffers(group, E, k, H, T):
     return x, idx, w, out, capacity, handle
 
 
+def load_routing(case, x, idx, wts):
+    """This rank's tokens, routing and weights of case into a captured layer's buffers."""
+    x.copy_(case.x[RANK])
+    idx.copy_(case.idx[RANK].int())
+    wts.copy_(case.weights[RANK])
+
+
+def captured(layer, stream):
+    """layer's CUDA graph on stream, after one eager run (the calls agree outside capture)."""
+    with torch.cuda.stream(stream):
+        layer()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        layer()
+    return graph
+
+
 def scenario_graph():
     """Dispatch, an expert map and combine captured in one CUDA graph, replayed with new routing."""
     group = interlace.init(heap_bytes=512 * MIB)
@@ -353,18 +371,11 @@ def scenario_graph():
 
     g0 = torch.Generator().manual_seed(60)
     idx.copy_(route_random(g0, RANK, T, E, k).int())
-    with torch.cuda.stream(stream):
-        layer()  # outside capture first: the calls' agreement
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        layer()
+    graph = captured(layer, stream)
     for step in range(20):
         case = Case(f"replay {step}", E, k, H, T, route_random if step % 2 else route_zipf, capacity=lambda n: capacity,
                     seed=100 + step)
-        x.copy_(case.x[RANK])
-        idx.copy_(case.idx[RANK].int())
-        w.copy_(case.weights[RANK])
+        load_routing(case, x, idx, w)
         out.fill_(float("nan"))
         torch.cuda.synchronize()
         graph.replay()
@@ -582,22 +593,13 @@ def scenario_gemm_combine():
         interlace.moe_dispatch(x, idx, wts, group, handle=handle, stream=stream.cuda_stream)
         interlace.moe_gemm_combine(act, w.transpose(1, 2), handle, group, out=out, stream=stream.cuda_stream)
 
-    first = Case("graph warm-up", E, k, H, T, route_random, capacity=lambda n: capacity, seed=90)
-    for t_, v in ((x, first.x[RANK]), (idx, first.idx[RANK].int()), (wts, first.weights[RANK])):
-        t_.copy_(v)
+    load_routing(Case("graph warm-up", E, k, H, T, route_random, capacity=lambda n: capacity, seed=90), x, idx, wts)
     torch.cuda.synchronize()
-    with torch.cuda.stream(stream):
-        layer()  # outside capture first: the calls' agreement
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        layer()
+    graph = captured(layer, stream)
     for step in range(6):
         case = Case(f"fused replay {step}", E, k, H, T, route_random if step % 2 else route_zipf,
                     capacity=lambda n: capacity, seed=91 + step)
-        x.copy_(case.x[RANK])
-        idx.copy_(case.idx[RANK].int())
-        wts.copy_(case.weights[RANK])
+        load_routing(case, x, idx, wts)
         row_of = case.layout()[0]
         a_, w_ = fused_inputs(case, RANK, None, F)
         act.copy_(a_)
@@ -793,22 +795,13 @@ def scenario_dispatch_gemm():
         interlace.moe_dispatch_gemm(x, idx, wts, w1, group, out=act, handle=handle, stream=stream.cuda_stream)
         interlace.moe_gemm_combine(act, w2.transpose(1, 2), handle, group, out=out, stream=stream.cuda_stream)
 
-    first = Case("graph warm-up", E, k, H, T, route_random, capacity=lambda n: capacity, seed=90)
-    for t_, v in ((x, first.x[RANK]), (idx, first.idx[RANK].int()), (wts, first.weights[RANK])):
-        t_.copy_(v)
+    load_routing(Case("graph warm-up", E, k, H, T, route_random, capacity=lambda n: capacity, seed=90), x, idx, wts)
     torch.cuda.synchronize()
-    with torch.cuda.stream(stream):
-        layer()  # outside capture first: the calls' agreement
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        layer()
+    graph = captured(layer, stream)
     for step in range(6):
         case = Case(f"dispatch_gemm replay {step}", E, k, H, T, route_random if step % 2 else route_zipf,
                     capacity=lambda n: capacity, seed=95 + step)
-        x.copy_(case.x[RANK])
-        idx.copy_(case.idx[RANK].int())
-        wts.copy_(case.weights[RANK])
+        load_routing(case, x, idx, wts)
         row_of = case.layout()[0]
         g = torch.Generator().manual_seed(3000 + step)  # the same weights on every rank
         w1_all = (torch.randn(E, H, F, generator=g) / H ** 0.5).to(torch.bfloat16)
