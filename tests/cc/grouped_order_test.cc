@@ -212,7 +212,7 @@ TEST(SwappedGroupedOrder, TheWalksTogetherTakeEachTileOnceInEqualShares) {
   EXPECT_FALSE(SwappedGroupedOrder::apart(q, 2));
 }
 
-// Where grouped_gemm swaps: automatically for K-major b with 256 < C <= 320, K > N and no setting
+// Where grouped_gemm swaps: automatically for K-major b with 128 < C <= 320, K > N and no setting
 // given; swap = 1 wherever it can (else an error), -1 never.
 TEST(GroupedGemmTuning, TheSwappedProblemWhereTwoOfItsTilesCoverC) {
   auto rows = [](int cluster_m, int tile_n, int swap, bool k_major, int64_t capacity, int64_t k = 7168,
@@ -220,8 +220,11 @@ TEST(GroupedGemmTuning, TheSwappedProblemWhereTwoOfItsTilesCoverC) {
     return swapped_tile_rows(GroupedGemmTuning{cluster_m, tile_n, swap}, k_major, capacity, k, n);
   };
   EXPECT_EQ(rows(0, 0, 0, true, 320), 160);
-  EXPECT_EQ(rows(0, 0, 0, true, 257), 160);
-  EXPECT_EQ(rows(0, 0, 0, true, 256), 0);
+  EXPECT_EQ(rows(0, 0, 0, true, 256), 160);
+  EXPECT_EQ(rows(0, 0, 0, true, 151), 160);  // the moe bench's DeepSeek-like layer on one rank
+  EXPECT_EQ(rows(0, 0, 0, true, 129), 160);
+  EXPECT_EQ(rows(0, 0, 0, true, 128), 0);    // one 128-row tile reads b[g] once already
+  EXPECT_EQ(rows(0, 0, 0, true, 16), 0);     // decode: slower swapped
   EXPECT_EQ(rows(0, 0, 0, true, 321), 0);
   EXPECT_EQ(rows(0, 0, 0, true, 320, 2048, 7168), 0);  // K <= N: slower at 0.8 C
   EXPECT_EQ(rows(0, 0, 0, true, 320, 4096, 4096), 0);

@@ -61,7 +61,7 @@ int swapped_tile_rows(const GroupedGemmTuning& tuning, bool b_k_major, int64_t c
     return kSwappedGroupedRows;
   }
   const bool automatic = tuning.swap == 0 && tuning.cluster_m == 0 && tuning.tile_n == 0;
-  return automatic && b_k_major && capacity > 256 && capacity <= 2 * kSwappedGroupedRows && k > n
+  return automatic && b_k_major && capacity > kSwappedGroupedMinRows && capacity <= 2 * kSwappedGroupedRows && k > n
              ? kSwappedGroupedRows
              : 0;
 }
