@@ -268,6 +268,18 @@ TEST(MoeDispatchGemmArgs, ReturnsTheGroupedProblemAndRefusesEachBadArgument) {
                   "top-33 is more than the 32"));
 }
 
+// The copiers' default: 16 at N = 4096, in proportion to 1 / N below that, at least 4, in whole clusters.
+TEST(MoeDispatchGemmArgs, DefaultCopiersShrinkWithTheMatmulsWidth) {
+  EXPECT_EQ(default_moe_copy_ctas(4096, 2), 16);
+  EXPECT_EQ(default_moe_copy_ctas(1024, 2), 16);  // never more than at 4096
+  EXPECT_EQ(default_moe_copy_ctas(8192, 1), 8);
+  EXPECT_EQ(default_moe_copy_ctas(6000, 1), 11);
+  EXPECT_EQ(default_moe_copy_ctas(6000, 2), 12);  // whole clusters
+  EXPECT_EQ(default_moe_copy_ctas(28672, 2), 4);  // Mixtral-like: the fewest
+  EXPECT_EQ(default_moe_copy_ctas(1 << 20, 1), 4);
+  EXPECT_EQ(default_moe_copy_ctas(0, 2), 16);
+}
+
 TEST(MoeFlagsLayout, PlanFlagsFollowTheBarrierWordsWithinTheRegion) {
   EXPECT_EQ(sizeof(MoeFlags), kOpRegionBytes);
   EXPECT_EQ(offsetof(MoeFlags, plan), kMoeBarrierWords * sizeof(uint64_t));

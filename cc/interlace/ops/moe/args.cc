@@ -1,5 +1,7 @@
 #include "interlace/ops/moe/args.h"
 
+#include <algorithm>
+
 #include "interlace/base/error.h"
 
 namespace interlace {
@@ -128,6 +130,13 @@ GroupedGemmProblem check_moe_dispatch_gemm_args(const TensorView& w, const Tenso
   c.shape = {local, plan.capacity, n};
   c.strides = {plan.capacity * n, n, 1};
   return check_grouped_gemm_operands(op, a, w, &c, rows, device);
+}
+
+int default_moe_copy_ctas(int64_t n, int cluster) {
+  constexpr int64_t kCtasAt4096 = 16, kFewest = 4;
+  const int64_t wanted = n > 0 ? (kCtasAt4096 * 4096 + n - 1) / n : kCtasAt4096;
+  const int64_t ctas = std::min(kCtasAt4096, std::max(kFewest, wanted));
+  return static_cast<int>((ctas + cluster - 1) / cluster * cluster);
 }
 
 }  // namespace interlace

@@ -111,24 +111,29 @@ __device__ __forceinline__ void raise_everywhere(const MoeCommonParams& c, MoeFl
   }
 }
 
-// One warp: bytes (a multiple of 16) from src to dst in 16-byte vectors, kCopyDepth loads in flight
-// per lane before their stores (one at a time, a row waited a memory round trip per 512 bytes: with
-// moe_dispatch_gemm's few copier SMs that was the whole dispatch's pace).
+// One warp: bytes (a multiple of 16) from src to dst in 16-byte vectors, in rounds of kDepth loads
+// per lane before their stores. One load in flight per lane made a row wait a memory round trip per
+// 512 bytes, which set the whole dispatch's pace on moe_dispatch_gemm's few copier SMs; so does a
+// row's tail taken a vector at a time, hence the last round's loads are predicated, not looped.
+// kDepth is what the caller's registers allow: the moe kernels' 128 per thread hold 8 comfortably.
 constexpr int kCopyDepth = 8;
+template <int kDepth = kCopyDepth>
 __device__ __forceinline__ void warp_copy(char* dst, const char* src, int64_t bytes) {
   const int lane = threadIdx.x % 32;
   uint4* d = reinterpret_cast<uint4*>(dst);
   const uint4* s = reinterpret_cast<const uint4*>(src);
   const int64_t vectors = bytes / 16;
-  int64_t v = lane;
-  for (; v + (kCopyDepth - 1) * 32 < vectors; v += kCopyDepth * 32) {
-    uint4 held[kCopyDepth];
+  for (int64_t round = lane; round < vectors; round += kDepth * 32) {
+    uint4 held[kDepth];
 #pragma unroll
-    for (int u = 0; u < kCopyDepth; ++u) held[u] = s[v + u * 32];
+    for (int u = 0; u < kDepth; ++u) {
+      if (round + u * 32 < vectors) held[u] = s[round + u * 32];
+    }
 #pragma unroll
-    for (int u = 0; u < kCopyDepth; ++u) d[v + u * 32] = held[u];
+    for (int u = 0; u < kDepth; ++u) {
+      if (round + u * 32 < vectors) d[round + u * 32] = held[u];
+    }
   }
-  for (; v < vectors; v += 32) d[v] = s[v];
 }
 
 // Calls fn(row) for every kept receive row of this rank's local experts, one warp per row over the

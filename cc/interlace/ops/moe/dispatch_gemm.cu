@@ -85,7 +85,7 @@ void moe_dispatch_gemm(Group& group, MoeHandle& handle, const TensorView& x, con
       order = checked_grouped_order(p, tuning, counts, op);
     }
     const int cluster = swapped ? kSwappedGroupedClusterN : tuning.cluster_m;
-    if (copy_ctas == 0) copy_ctas = kMoeCopyCtas;
+    if (copy_ctas == 0) copy_ctas = default_moe_copy_ctas(p.n, cluster);
     IL_CHECK(copy_ctas > 0 && copy_ctas % cluster == 0, op,
              ": copy_ctas must be a positive multiple of the tiles' cluster size ", cluster, ", got ", copy_ctas);
     // Every CTA must be resident: the GEMM CTAs wait for the copiers, and the copiers for each other.

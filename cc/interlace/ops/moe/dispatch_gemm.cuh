@@ -11,11 +11,13 @@
 //   1. with every source's counts here, the plan's closed forms (run_row, run_kept, the experts'
 //      first and kept rows, which the GEMM's tile walk reads); CTA 0 also scans this rank's counts
 //      into slot_start. Barrier; CTA 0 reports drops;
-//   2. every top-k entry's home row and weight (for the combine), this rank's entries listed by
-//      expert in slot order (slot_list), the chunk counters zeroed. The copiers wait for every CTA's;
-//   3. the copiers' tasks, in local-expert order l = 0, 1, ...: for each destination d, send the kept
-//      slots of d's expert l (each slot's MoeSlot; the row itself only from the token's primary slot
-//      on d, so a token crosses once per rank); then, for each source s, fill s's run of this rank's
+//   2. a warp per token: its top-k entries' home rows and weights (for the combine), each kept slot's
+//      MoeSlot stored at its rank, this rank's entries listed by expert in slot order (slot_list: the
+//      entry where it is its token's primary slot on that rank, else -1); the chunk counters zeroed.
+//      The copiers wait for every CTA's;
+//   3. the copiers' tasks, in local-expert order l = 0, 1, ...: for each destination d, send the rows
+//      of d's expert l's primary slots (a token's row crosses once per rank; its other slots there
+//      are filled from it); then, for each source s, fill s's run of this rank's
 //      expert l: each secondary row copied from its primary, which lies in a lower expert of the same
 //      source (arrived_flag(s, l' <= l)). A task is cut in chunks of kMoeChunkRows rows dealt
 //      round-robin over the copiers; the CTA that finishes a task's last chunk raises its flag:
@@ -39,6 +41,10 @@ namespace interlace {
 // Rows per chunk of a copier task: 4 per warp of the engine's 12. Small enough that a run of 128
 // rows (DeepSeek-like, two ranks) is three chunks, so that every copier has work.
 constexpr int32_t kMoeChunkRows = 48;
+
+// Loads in flight per lane of a copier's warp_copy: the GEMM kernel's 168 registers per thread, which
+// a copier never gives up, hold a DeepSeek-like row (14 KB) in one round.
+constexpr int kCopierDepth = 16;
 
 // The phases' and the input wait's parameters (one struct, in both places of GemmParams).
 template <class Order>
@@ -115,29 +121,62 @@ __device__ __forceinline__ int32_t chunks_of(int32_t rows) {
   return rows > kMoeChunkRows ? (rows + kMoeChunkRows - 1) / kMoeChunkRows : 1;
 }
 
-// One warp, top-k <= 32: the kept slot of entry i (token x k + j) on rank d: its MoeSlot there, and
-// the token's row if this slot is its primary on d. row/expert: the warp's shared scratch, a word per
-// top-k entry (MoePlan::primary_of reads them).
-__device__ __forceinline__ void send_slot_warp(const MoeDispatchParams& p, bool wide, int32_t d, int64_t i,
-                                               int32_t* row, int32_t* expert) {
+// Phase 2, one warp per token, top-k <= 32 (lane j: entry token x k + j): the entries' home rows and
+// weights; each kept slot's MoeSlot at its rank; the entries in this rank's list by expert
+// (slot_list, in slot order): the entry where it is its token's primary on that rank (the copiers
+// send its row), else -1. Here on every CTA, with a token per warp, rather than in the copiers: there
+// each slot cost a few dependent loads on one warp, and the few copier SMs fell behind on them.
+// row/expert: the warp's shared scratch, a word per top-k entry (MoePlan::primary_of reads them).
+__device__ __forceinline__ void lay_token_warp(const MoeDispatchParams& p, bool wide, const int32_t* slot_start,
+                                               int32_t* slot_list, int32_t token, int32_t* row, int32_t* expert) {
   const MoePlan& plan = p.c.plan;
-  const device::NvlinkTransport& t = p.c.transport;
-  const int32_t k = plan.topk, lane = static_cast<int32_t>(threadIdx.x % 32);
-  const int32_t token = static_cast<int32_t>(i / k), j = static_cast<int32_t>(i % k);
-  if (lane < k) {
-    const int64_t q = static_cast<int64_t>(token) * k + lane;
-    const int32_t e = expert_of_entry(p, wide, q);
-    expert[lane] = e;
-    row[lane] = entry_row(p, e, q);
+  const int32_t k = plan.topk, j = static_cast<int32_t>(threadIdx.x % 32);
+  const int64_t i = static_cast<int64_t>(token) * k + j;
+  int32_t e = -1, r = -1;
+  if (j < k) {
+    e = expert_of_entry(p, wide, i);
+    r = entry_row(p, e, i);
+    expert[j] = e;
+    row[j] = r;
+    p.c.home_row[i] = r;
+    p.c.home_weight[i] = p.topk_weights[i];
   }
   __syncwarp();
-  const int32_t first = plan.primary_of(expert, row, j);
-  if (lane == 0) store_slot(p, d, row[j], i, row[first]);
-  if (first == j) {
-    warp_copy(t.heaps[d] + p.c.workspace + plan.recv_row_offset(row[j]),
-              p.x + static_cast<int64_t>(token) * plan.row_bytes, plan.row_bytes);
+  if (j < k && e >= 0) {
+    const int32_t first = r >= 0 ? plan.primary_of(expert, row, j) : -1;
+    if (r >= 0) store_slot(p, plan.rank_of_expert(e), r, i, row[first]);
+    slot_list[slot_start[e] + p.pos[i]] = first == j ? static_cast<int32_t>(i) : -1;
   }
-  __syncwarp();  // row and expert are rewritten for the warp's next slot
+  __syncwarp();  // row and expert are rewritten for the warp's next token
+}
+
+// A chunk's row copies, gathered by the copier's threads in one round of loads (a row each) and
+// then taken by its warps: source and destination byte addresses.
+struct RowCopy {
+  const char* from;
+  char* to;
+};
+struct ChunkCopies {
+  RowCopy rows[kMoeChunkRows];
+  int32_t count;
+};
+
+// Every thread of a copier: the chunk's copies from gather(r, &copy) (true where row r needs one),
+// for r in [begin, end), then copied by whole warps.
+template <class Gather>
+__device__ __forceinline__ void copy_chunk(ChunkCopies& chunk, int32_t begin, int32_t end, int64_t row_bytes,
+                                          Gather gather) {
+  if (threadIdx.x == 0) chunk.count = 0;
+  __syncthreads();
+  for (int32_t r = begin + static_cast<int32_t>(threadIdx.x); r < end; r += static_cast<int32_t>(blockDim.x)) {
+    RowCopy copy;
+    if (gather(r, &copy)) chunk.rows[atomicAdd(&chunk.count, 1)] = copy;
+  }
+  __syncthreads();
+  const int32_t warps = static_cast<int32_t>(blockDim.x / 32);
+  for (int32_t q = static_cast<int32_t>(threadIdx.x / 32); q < chunk.count; q += warps) {
+    warp_copy<kCopierDepth>(chunk.rows[q].to, chunk.rows[q].from, row_bytes);
+  }
 }
 
 }  // namespace moe_detail
@@ -197,14 +236,12 @@ struct DispatchGemmPhases {
     if (!await_all(flags, n, 1, ctas, c.wait, &failed)) return false;
     if (cta == 0 && threadIdx.x == 0) report_drops(d, n);
 
-    // 2: home rows and weights; this rank's entries by expert.
-    const int64_t entries = static_cast<int64_t>(c.tokens) * plan.topk;
-    for (int64_t i = static_cast<int64_t>(cta) * blockDim.x + threadIdx.x; i < entries;
-         i += static_cast<int64_t>(ctas) * blockDim.x) {
-      const int32_t e = expert_of_entry(d, p.wide, i);
-      c.home_row[i] = entry_row(d, e, i);
-      c.home_weight[i] = d.topk_weights[i];
-      if (e >= 0) p.slot_list[p.slot_start[e] + d.pos[i]] = static_cast<int32_t>(i);
+    // 2: per token, its entries' home rows and weights, MoeSlots and list places.
+    const int32_t warp = static_cast<int32_t>(threadIdx.x / 32), warps = static_cast<int32_t>(blockDim.x / 32);
+    int32_t(*warp_row)[32] = reinterpret_cast<int32_t(*)[32]>(phase_smem + kMoeWarps);
+    int32_t(*warp_expert)[32] = warp_row + kMoeWarps;
+    for (int32_t token = cta * warps + warp; token < c.tokens; token += ctas * warps) {
+      lay_token_warp(d, p.wide, p.slot_start, p.slot_list, token, warp_row[warp], warp_expert[warp]);
     }
     for (int32_t i = cta * blockDim.x + threadIdx.x; i < 2 * world * L; i += ctas * blockDim.x) p.chunks[i] = 0;
     arrive(flags, n, 2, cta);  // the copiers wait for it; the GEMM needs only the layout
@@ -244,12 +281,10 @@ struct DispatchGemmPhases {
     MoeFlags& flags = dispatch_flags(t);
     const MoePlan& plan = c.plan;
     const int32_t me = t.local_rank, world = plan.world, L = plan.experts_per_rank;
-    const int32_t warp = static_cast<int32_t>(threadIdx.x / 32), warps = static_cast<int32_t>(blockDim.x / 32);
     __shared__ uint64_t n;
     __shared__ int failed;
-    extern __shared__ __align__(16) int32_t copier_smem[];  // as begin's: no pipeline in a copier
-    int32_t(*warp_row)[32] = reinterpret_cast<int32_t(*)[32]>(copier_smem);
-    int32_t(*warp_expert)[32] = warp_row + kMoeWarps;
+    extern __shared__ __align__(16) char copier_smem[];  // as begin's: no pipeline in a copier
+    ChunkCopies& copies = *reinterpret_cast<ChunkCopies*>(copier_smem);
     if (threadIdx.x == 0) {
       n = op_number(t);
       failed = 0;
@@ -266,12 +301,18 @@ struct DispatchGemmPhases {
       for (int32_t i = 1; i <= world; ++i) {  // the next rank first, this rank last
         const int32_t to = (me + i) % world, e = plan.expert_of(to, l);
         const int32_t rows = d.run_kept[e], chunks = chunks_of(rows);
+        const int32_t* listed = p.slot_list + p.slot_start[e];
+        char* run = t.heaps[to] + c.workspace + plan.recv_row_offset(d.run_row[e]);
         for (int32_t chunk = 0; chunk < chunks; ++chunk, ++next) {
           if (next % ctas != cta) continue;
-          const int32_t end = min(rows, (chunk + 1) * kMoeChunkRows);
-          for (int32_t r = chunk * kMoeChunkRows + warp; r < end; r += warps) {
-            send_slot_warp(d, p.wide, to, p.slot_list[p.slot_start[e] + r], warp_row[warp], warp_expert[warp]);
-          }
+          // The primaries' rows (the MoeSlots went out in phase 2).
+          copy_chunk(copies, chunk * kMoeChunkRows, min(rows, (chunk + 1) * kMoeChunkRows), plan.row_bytes,
+                     [&](int32_t r, RowCopy* copy) {
+                       const int32_t entry = listed[r];
+                       *copy = {d.x + static_cast<int64_t>(entry / plan.topk) * plan.row_bytes,
+                                run + static_cast<int64_t>(r) * plan.row_bytes};
+                       return entry >= 0;
+                     });
           chunk_done(&p.chunks[to * L + l], chunks,
                      [&] { t.signal(to, &flags.plan[plan.arrived_flag(me, l)], n); });
         }
@@ -286,14 +327,14 @@ struct DispatchGemmPhases {
                            [s](int32_t) { return s; }, &failed)) {
             return;
           }
-          const int32_t end = min(rows, (chunk + 1) * kMoeChunkRows);
-          for (int32_t r = first + chunk * kMoeChunkRows + warp; r < first + end; r += warps) {
-            const int32_t from = slots[r].primary_row;
-            if (from != r && from >= 0 && from < plan.recv_rows) {
-              warp_copy(recv + static_cast<int64_t>(r) * plan.row_bytes,
-                        recv + static_cast<int64_t>(from) * plan.row_bytes, plan.row_bytes);
-            }
-          }
+          // Each secondary row from its primary.
+          copy_chunk(copies, first + chunk * kMoeChunkRows, first + min(rows, (chunk + 1) * kMoeChunkRows),
+                     plan.row_bytes, [&](int32_t r, RowCopy* copy) {
+                       const int32_t from = slots[r].primary_row;
+                       *copy = {recv + static_cast<int64_t>(from) * plan.row_bytes,
+                                recv + static_cast<int64_t>(r) * plan.row_bytes};
+                       return from != r && from >= 0 && from < plan.recv_rows;
+                     });
           chunk_done(&p.chunks[(world + s) * L + l], chunks,
                      [&] { device::store_release_gpu(&flags.plan[plan.filled_flag(s, l)], n); });
         }

@@ -99,13 +99,11 @@ void moe_combine(Group& group, MoeHandle& handle, const TensorView& expert_out, 
 // the rows it reads have landed. w [L, H, N] bf16 (Linear weights [L, N, H] as w.transpose(1, 2)); the
 // handle's capacity_kind must be per_expert and top-k at most 32 (args.h). Rows of out past an
 // expert's kept rows are left alone. tuning: grouped_gemm's. copy_ctas: SMs that dispatch (a multiple
-// of the tiling's cluster size) while the others compute; 0: kMoeCopyCtas.
+// of the tiling's cluster size) while the others compute; 0: default_moe_copy_ctas (args.h).
 void moe_dispatch_gemm(Group& group, MoeHandle& handle, const TensorView& x, const TensorView& topk_idx,
                        const TensorView& topk_weights, const TensorView& w, const TensorView& out,
                        cudaStream_t stream, GroupedGemmTuning tuning = {}, int copy_ctas = 0);
 
-// moe_dispatch_gemm's default copy_ctas.
-constexpr int kMoeCopyCtas = 16;
 
 // The experts' second FFN matmul fused with moe_combine, in one launch (ops/moe/gemm_combine.cuh):
 // expert l's output rows act[l C + r] @ w[l] for its kept rows r, each sent home from the GEMM's
