@@ -4,7 +4,8 @@ dense GEMM. One launch per process, for ncu (bench/results/NOTES.md, fifteenth s
 read by CTAs of separate clusters comes from HBM about once per CTA; only TMA multicast within a
 cluster shares it). Run on the GPU machine, one method at a time:
   PYTHONPATH=<wheel dir> ncu --metrics dram__bytes_read.sum,gpu__time_duration.sum -k regex:'gemm|nvjet' \\
-      -s 1 -c 1 python3 tools/probes/grouped_gemm_dram.py METHOD
+      -s 1 -c 1 python3 tools/probes/grouped_gemm_dram.py METHOD [SHAPE]
+SHAPE: gemm1 (the default, above) or gemm2 (the second FFN matmul: K = 2048, N = 7168, 3.8 GB of weights).
 METHOD: auto (grouped_gemm's automatic tiles), swap or noswap (swap=True / False), bmm, dense (interlace.gemm on 8192 rows), or
 x<rows>:<cluster_m>:<tile_n> (every group using <rows> rows, with that tiling)."""
 import sys
@@ -13,10 +14,11 @@ import torch
 
 import interlace
 
-G, C, K, N = 128, 320, 7168, 4096
+SHAPES = {"gemm1": (128, 320, 7168, 4096), "gemm2": (128, 320, 2048, 7168)}
 
 
-def main(method):
+def main(method, shape):
+    G, C, K, N = SHAPES[shape]
     torch.manual_seed(0)
     a = torch.randn(G, C, K, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(G, N, K, device="cuda", dtype=torch.bfloat16)
@@ -40,4 +42,4 @@ def main(method):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "gemm1")
