@@ -1,16 +1,18 @@
-"""moe_dispatch_gemm against its own floor at world size 1: the fused op over copy_ctas and tilings,
-next to grouped_gemm alone on the same rows with the same tiling (the floor) and moe_dispatch then
-grouped_gemm, all timed interleaved (CUDA events, medians). The moe bench's configs and routing; the
-expert matmul is GEMM1 (N = 2 x FFN). Run on the GPU machine:
+"""moe_dispatch_gemm against its own floor: the fused op over copy_ctas and tilings, next to
+grouped_gemm alone on the same rows with the same tiling (the floor) and moe_dispatch then
+grouped_gemm, all timed interleaved (CUDA events, medians; at world size 2 or more, the slower rank's).
+The moe bench's configs and routing; the expert matmul is GEMM1 (N = 2 x FFN). Run on the GPU machine:
 
-    python3 tools/probes/moe_fused_floor.py [config ...]   (default: deepseek mixtral)
+    python3 tools/probes/moe_fused_floor.py [--world_size N] [config ...]   (default: 1; deepseek mixtral)
 """
+import os
 import sys
 
 import torch
+import torch.distributed as dist
 
 import interlace
-from interlace.bench import common
+from interlace.bench import common, launch
 from interlace.bench.moe import CONFIGS, FFN
 from interlace.bench.moe_baseline import routing
 
@@ -18,51 +20,63 @@ COPY_CTAS = (4, 8, 16, 24)
 TILINGS = {"auto": {}, "swap": {"swap": True}, "noswap": {"swap": False}}
 
 
-def probe(group, name):
+def probe(group, name, rank, world):
     tokens, hidden, experts, topk = CONFIGS[name]
-    n = 2 * FFN[name]
-    g = torch.Generator(device="cuda").manual_seed(7)
+    local, n = experts // world, 2 * FFN[name]
+    g = torch.Generator(device="cuda").manual_seed(7 + rank)
     x = torch.randn(tokens, hidden, generator=g, device="cuda").to(torch.bfloat16)
-    idx, weights = routing(0, tokens, experts, topk, seed=len(name))
-    capacity = int(torch.bincount(idx.view(-1).long(), minlength=experts).max())
+    idx, weights = routing(rank, tokens, experts, topk, seed=len(name))
+    counts = torch.bincount(idx.view(-1).long(), minlength=experts)
+    dist.all_reduce(counts)
+    capacity = int(counts.max())  # nothing dropped, as in the moe bench
     handle = interlace.MoeHandle(group, num_experts=experts, topk=topk, hidden=hidden, max_tokens=tokens,
                                  capacity=capacity)
-    w = (torch.randn(experts, n, hidden, generator=g, device="cuda") / hidden ** 0.5).to(torch.bfloat16)
+    w = (torch.randn(local, n, hidden, generator=g, device="cuda") / hidden ** 0.5).to(torch.bfloat16)
     b = w.transpose(1, 2)
     out = torch.empty(handle.recv_rows, n, device="cuda", dtype=torch.bfloat16)
     interlace.moe_dispatch(x, idx, weights, group, handle=handle)
-    expert_x = torch.from_dlpack(handle.expert_x).view(experts, capacity, hidden)
+    expert_x = torch.from_dlpack(handle.expert_x).view(local, capacity, hidden)
     rows = torch.from_dlpack(handle.expert_rows)
+    out_groups = out.view(local, capacity, n)
     fns = {}
     for label, tiling in TILINGS.items():
         try:  # a tiling this shape does not take (the swapped problem's limits) is left out
-            interlace.grouped_gemm(expert_x, b, out.view(experts, capacity, n), rows, **tiling)
+            interlace.grouped_gemm(expert_x, b, out_groups, rows, **tiling)
             interlace.moe_dispatch_gemm(x, idx, weights, b, group, out=out, handle=handle, **tiling)
         except (ValueError, RuntimeError) as e:
-            print(f"{name} {label}: {e}")
+            if rank == 0:
+                print(f"{name} {label}: {e}")
             continue
-        fns[f"gemm_{label}"] = lambda t=tiling: interlace.grouped_gemm(expert_x, b, out.view(experts, capacity, n),
-                                                                        rows, **t)
-        fns[f"unfused_{label}"] = lambda t=tiling: (
-            interlace.moe_dispatch(x, idx, weights, group, handle=handle),
-            interlace.grouped_gemm(expert_x, b, out.view(experts, capacity, n), rows, **t))
+        fns[f"gemm_{label}"] = lambda t=tiling: interlace.grouped_gemm(expert_x, b, out_groups, rows, **t)
+        fns[f"unfused_{label}"] = lambda t=tiling: (interlace.moe_dispatch(x, idx, weights, group, handle=handle),
+                                                    interlace.grouped_gemm(expert_x, b, out_groups, rows, **t))
         for c in COPY_CTAS:
             fns[f"fused_{label}_c{c}"] = lambda t=tiling, c=c: interlace.moe_dispatch_gemm(
                 x, idx, weights, b, group, out=out, handle=handle, copy_ctas=c, **t)
     torch.cuda.synchronize()
     group.check()
-    ms = common.time_interleaved(fns, warmup=3, iters=20)
-    print(f"{name} (E {experts} k {topk} H {hidden} T {tokens} N {n} C {capacity}), us:")
-    for label, t in ms.items():
-        print(f"  {label:>20} {t * 1e3:8.1f}", flush=True)
+    ms = common.time_collective(fns, warmup=3, iters=20)
+    if rank == 0:
+        print(f"{name} (world {world}, E {experts} k {topk} H {hidden} T {tokens} N {n} C {capacity}), us:")
+        for label, t in ms.items():
+            print(f"  {label:>20} {t * 1e3:8.1f}", flush=True)
 
 
-def main():
-    group = interlace.init(rank=0, world_size=1, master_addr="127.0.0.1", master_port=29519, heap_bytes=8 << 30,
-                           timeout_s=10)
-    for name in sys.argv[1:] or ["deepseek", "mixtral"]:
-        probe(group, name)
+def main(args):
+    world = 1
+    if args[:1] == ["--world_size"]:
+        world, args = int(args[1]), args[2:]
+    if "RANK" not in os.environ:  # the launcher: one process per rank, each running main again
+        results = launch.run_ranks([os.path.abspath(__file__), *args], world, timeout_s=600)
+        for rank, (rc, out) in enumerate(results):
+            if rank == 0 or rc != 0:
+                print(f"----- rank {rank} (exit {rc}) -----\n{out}")
+        sys.exit(max(rc for rc, _ in results))
+    rank, world = common.init_rank()
+    group = interlace.init(heap_bytes=8 << 30, timeout_s=10)
+    for name in args or ["deepseek", "mixtral"]:
+        probe(group, name, rank, world)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
