@@ -268,16 +268,21 @@ TEST(MoeDispatchGemmArgs, ReturnsTheGroupedProblemAndRefusesEachBadArgument) {
                   "top-33 is more than the 32"));
 }
 
-// The copiers' default: 16 at N = 4096, in proportion to 1 / N below that, at least 4, in whole clusters.
+// The copiers' default: 16 at N = 4096, in proportion to 1 / N below that, at least 4, in whole
+// clusters, at most half the grid.
 TEST(MoeDispatchGemmArgs, DefaultCopiersShrinkWithTheMatmulsWidth) {
-  EXPECT_EQ(default_moe_copy_ctas(4096, 2), 16);
-  EXPECT_EQ(default_moe_copy_ctas(1024, 2), 16);  // never more than at 4096
-  EXPECT_EQ(default_moe_copy_ctas(8192, 1), 8);
-  EXPECT_EQ(default_moe_copy_ctas(6000, 1), 11);
-  EXPECT_EQ(default_moe_copy_ctas(6000, 2), 12);  // whole clusters
-  EXPECT_EQ(default_moe_copy_ctas(28672, 2), 4);  // Mixtral-like: the fewest
-  EXPECT_EQ(default_moe_copy_ctas(1 << 20, 1), 4);
-  EXPECT_EQ(default_moe_copy_ctas(0, 2), 16);
+  constexpr int kH200 = 132;
+  EXPECT_EQ(default_moe_copy_ctas(4096, 2, kH200), 16);
+  EXPECT_EQ(default_moe_copy_ctas(1024, 2, kH200), 16);  // never more than at 4096
+  EXPECT_EQ(default_moe_copy_ctas(8192, 1, kH200), 8);
+  EXPECT_EQ(default_moe_copy_ctas(6000, 1, kH200), 11);
+  EXPECT_EQ(default_moe_copy_ctas(6000, 2, kH200), 12);  // whole clusters
+  EXPECT_EQ(default_moe_copy_ctas(28672, 2, kH200), 4);  // Mixtral-like: the fewest
+  EXPECT_EQ(default_moe_copy_ctas(1 << 20, 1, kH200), 4);
+  EXPECT_EQ(default_moe_copy_ctas(0, 2, kH200), 16);
+  EXPECT_EQ(default_moe_copy_ctas(4096, 2, 20), 10);  // a small GPU: half its grid
+  EXPECT_EQ(default_moe_copy_ctas(4096, 2, 7), 2);    // whole clusters, one at least
+  EXPECT_EQ(default_moe_copy_ctas(4096, 1, 2), 1);
 }
 
 TEST(MoeFlagsLayout, PlanFlagsFollowTheBarrierWordsWithinTheRegion) {

@@ -111,7 +111,7 @@ GroupedGemmProblem check_moe_dispatch_gemm_args(const TensorView& w, const Tenso
   const int64_t hidden = plan.row_bytes / 2, local = plan.experts_per_rank;
   check_per_expert(op, plan);
   IL_CHECK(plan.topk <= kMoeDispatchGemmMaxTopk, op, ": top-", plan.topk, " is more than the ",
-           kMoeDispatchGemmMaxTopk, " the fused op takes (a warp per slot reads the token's entries); call "
+           kMoeDispatchGemmMaxTopk, " the fused op takes (a warp per token lays out its entries); call "
            "moe_dispatch, then grouped_gemm");
   IL_CHECK(is_bf16(w), op, ": w has dtype ", w.dtype_name(), "; it must be bfloat16");
   IL_CHECK(w.shape.size() == 3 && w.shape[0] == local && w.shape[1] == hidden && w.shape[2] >= 1, op,
@@ -132,11 +132,12 @@ GroupedGemmProblem check_moe_dispatch_gemm_args(const TensorView& w, const Tenso
   return check_grouped_gemm_operands(op, a, w, &c, rows, device);
 }
 
-int default_moe_copy_ctas(int64_t n, int cluster) {
+int default_moe_copy_ctas(int64_t n, int cluster, int ctas) {
   constexpr int64_t kCtasAt4096 = 16, kFewest = 4;
   const int64_t wanted = n > 0 ? (kCtasAt4096 * 4096 + n - 1) / n : kCtasAt4096;
-  const int64_t ctas = std::min(kCtasAt4096, std::max(kFewest, wanted));
-  return static_cast<int>((ctas + cluster - 1) / cluster * cluster);
+  const int64_t copiers = (std::min(kCtasAt4096, std::max(kFewest, wanted)) + cluster - 1) / cluster * cluster;
+  const int64_t half = std::max<int64_t>(cluster, ctas / 2 / cluster * cluster);
+  return static_cast<int>(std::min(copiers, half));
 }
 
 }  // namespace interlace

@@ -85,14 +85,14 @@ void moe_dispatch_gemm(Group& group, MoeHandle& handle, const TensorView& x, con
       order = checked_grouped_order(p, tuning, counts, op);
     }
     const int cluster = swapped ? kSwappedGroupedClusterN : tuning.cluster_m;
-    if (copy_ctas == 0) copy_ctas = default_moe_copy_ctas(p.n, cluster);
-    IL_CHECK(copy_ctas > 0 && copy_ctas % cluster == 0, op,
-             ": copy_ctas must be a positive multiple of the tiles' cluster size ", cluster, ", got ", copy_ctas);
     // Every CTA must be resident: the GEMM CTAs wait for the copiers, and the copiers for each other.
     with_variant(p.b_k_major, swapped, tuning, [&](auto v) {
       ctas = gemm_engine::resident_ctas_of<decltype(v)>(group.device(), group.num_sms());
     });
     ctas = std::min<int>(ctas, kMoeBarrierWords);  // a barrier word per CTA (the layout's phases)
+    if (copy_ctas == 0) copy_ctas = default_moe_copy_ctas(p.n, cluster, ctas);
+    IL_CHECK(copy_ctas > 0 && copy_ctas % cluster == 0, op,
+             ": copy_ctas must be a positive multiple of the tiles' cluster size ", cluster, ", got ", copy_ctas);
     IL_CHECK(ctas - copy_ctas >= cluster, op, ": copy_ctas = ", copy_ctas, " leaves no SM for the GEMM (", ctas,
              " CTAs of the kernel fit on this GPU)");
     scratch = group.scratch(at.bytes, "moe_dispatch_gemm's slot numbers, runs and lists", call.capturing());

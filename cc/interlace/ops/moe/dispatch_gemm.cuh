@@ -25,8 +25,8 @@
 //      call's scratch: a count in the flag region could pass another plan's wait).
 // Each copier takes its chunks in order of expert, and a fill only waits for sends of its own or a
 // lower expert, which never wait: the earliest blocked chunk anywhere would wait only on sends whose
-// CTAs are running, so the copiers never deadlock; the GEMM CTAs wait on the copiers, never the
-// other way round. Every wait is bounded: a failed one returns, the GEMM's producer then loads what
+// CTAs are running, so the copiers never deadlock. The GEMM CTAs wait on the copiers; the copiers
+// wait on the GEMM CTAs only for phase 2, which every CTA finishes in begin, before any tile. Every wait is bounded: a failed one returns, the GEMM's producer then loads what
 // is there (the consumers never hang) and the call raises.
 #pragma once
 
@@ -42,8 +42,9 @@ namespace interlace {
 // rows (DeepSeek-like, two ranks) is three chunks, so that every copier has work.
 constexpr int32_t kMoeChunkRows = 48;
 
-// Loads in flight per lane of a copier's warp_copy: the GEMM kernel's 168 registers per thread, which
-// a copier never gives up, hold a DeepSeek-like row (14 KB) in one round.
+// Loads in flight per lane of a copier's warp_copy, out of the GEMM kernel's 168 registers per thread
+// (which a copier never gives up): a round of 8 KB per warp, a Mixtral-like row (8 KB) in one, a
+// DeepSeek-like one (14 KB) in two. 32 spilled (tools/check_sass).
 constexpr int kCopierDepth = 16;
 
 // The phases' and the input wait's parameters (one struct, in both places of GemmParams).
@@ -51,7 +52,8 @@ template <class Order>
 struct MoeDispatchGemmParams {
   MoeDispatchParams dispatch;  // as moe_dispatch's; pos, run_row, run_kept, dropped in the call's scratch
   int32_t* slot_start;         // [E] scratch: where expert e's entries start in slot_list
-  int32_t* slot_list;          // [max_tokens x k] scratch: this rank's entries (token x k + j) by expert, in pos order
+  int32_t* slot_list;          // [max_tokens x k] scratch: this rank's entries by expert, in pos order: the
+                               // entry (token x k + j) where it is its token's primary on that rank, else -1
   uint32_t* chunks;            // [2][W][L] scratch: chunks done per task, sends (by destination) then fills
                                // (by source), zeroed in phase 2
   typename Order::Params order;

@@ -104,7 +104,6 @@ void moe_dispatch_gemm(Group& group, MoeHandle& handle, const TensorView& x, con
                        const TensorView& topk_weights, const TensorView& w, const TensorView& out,
                        cudaStream_t stream, GroupedGemmTuning tuning = {}, int copy_ctas = 0);
 
-
 // The experts' second FFN matmul fused with moe_combine, in one launch (ops/moe/gemm_combine.cuh):
 // expert l's output rows act[l C + r] @ w[l] for its kept rows r, each sent home from the GEMM's
 // epilogue as it is computed, then out [T, H] as moe_combine makes it, bit for bit (the same bits as
