@@ -26,8 +26,9 @@
 // Each copier takes its chunks in order of expert, and a fill only waits for sends of its own or a
 // lower expert, which never wait: the earliest blocked chunk anywhere would wait only on sends whose
 // CTAs are running, so the copiers never deadlock. The GEMM CTAs wait on the copiers; the copiers
-// wait on the GEMM CTAs only for phase 2, which every CTA finishes in begin, before any tile. Every wait is bounded: a failed one returns, the GEMM's producer then loads what
-// is there (the consumers never hang) and the call raises.
+// wait on the GEMM CTAs only for phase 2, which every CTA finishes in begin, before any tile. Every
+// wait is bounded: a failed one returns, the GEMM's producer then loads what is there (the consumers
+// never hang) and the call raises.
 #pragma once
 
 #include <cstdint>
