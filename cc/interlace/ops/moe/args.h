@@ -46,8 +46,9 @@ constexpr int kMoeDispatchGemmMaxTopk = 32;
 // moe_dispatch_gemm's copy_ctas where the call leaves it 0, for an expert matmul N wide whose tiles
 // come in clusters of `cluster` CTAs, on a grid of `ctas`: the rows to move per flop of the GEMM go as
 // 1 / N, and so do the copier SMs that keep ahead of it: 16 at N = 4096 (DeepSeek-like GEMM1), at
-// least 4, in whole clusters, and at most half the grid (a small GPU). Measured at world size 1 (bench/results/NOTES.md, nineteenth session): of 4, 8, 16 and
-// 24, 16 was fastest at N 4096 and 4 at N 28672 (Mixtral-like), about 5% ahead of 16 there.
+// least 4, in whole clusters, and at most half the grid (a small GPU). Measured at world size 1
+// (bench/results/NOTES.md, nineteenth session): of 4, 8, 16 and 24, 16 was fastest at N 4096 and 4 at
+// N 28672 (Mixtral-like), about 5% ahead of 16 there.
 int default_moe_copy_ctas(int64_t n, int cluster, int ctas);
 
 // moe_dispatch_gemm's GEMM (its dispatch is checked as moe_dispatch's, with op named): from a handle
