@@ -235,6 +235,30 @@ __device__ __forceinline__ void store_slot(const MoeDispatchParams& p, int32_t d
   *reinterpret_cast<uint4*>(t.heaps[d] + p.c.workspace + p.c.plan.slot_offset(row)) = slot;
 }
 
+// Phase 2's first step for top-k entry i (token x k + j) of expert e (-1 unused), on the thread of
+// position j: its receive row (-1 unused or dropped), recorded at home (for the combine) and in the
+// token's shared row/expert words (for MoePlan::primary_of in the second step).
+__device__ __forceinline__ int32_t lay_entry(const MoeDispatchParams& p, int64_t i, int32_t j, int32_t e,
+                                             int32_t* row, int32_t* expert) {
+  const int32_t r = entry_row(p, e, i);
+  row[j] = r;
+  expert[j] = e;
+  p.c.home_row[i] = r;
+  p.c.home_weight[i] = p.topk_weights[i];
+  return r;
+}
+
+// Phase 2's second step, once the token's row/expert words are all written: where entry i (position
+// j) is kept, its MoeSlot at its rank, and the position of its token's primary slot on that rank (the
+// kept entry of the lowest-numbered expert there); -1 where not kept.
+__device__ __forceinline__ int32_t store_entry_slot(const MoeDispatchParams& p, int64_t i, int32_t j,
+                                                    const int32_t* row, const int32_t* expert) {
+  if (row[j] < 0) return -1;
+  const int32_t first = p.c.plan.primary_of(expert, row, j);
+  store_slot(p, p.c.plan.rank_of_expert(expert[j]), row[j], i, row[first]);
+  return first;
+}
+
 // Phase 2, all threads of the CTA, for one token: metadata of its kept slots, its row once per
 // destination rank. row/expert/primary: shared, one entry per top-k position.
 template <class IdxT>
@@ -244,23 +268,9 @@ __device__ __forceinline__ void send_token(const MoeDispatchParams& p, int32_t t
   const device::NvlinkTransport& t = p.c.transport;
   const int32_t k = plan.topk, j = threadIdx.x;
   const int64_t i = static_cast<int64_t>(token) * k + j;
-  if (j < k) {
-    const int32_t e = expert_at<IdxT>(p, i);
-    row[j] = entry_row(p, e, i);
-    expert[j] = e;
-    p.c.home_row[i] = row[j];
-    p.c.home_weight[i] = p.topk_weights[i];
-  }
+  if (j < k) lay_entry(p, i, j, expert_at<IdxT>(p, i), row, expert);
   __syncthreads();
-  if (j < k) {
-    int32_t first = -1;  // the primary: the kept slot of the lowest-numbered expert on this slot's rank
-    if (row[j] >= 0) {
-      const int32_t d = plan.rank_of_expert(expert[j]);
-      first = plan.primary_of(expert, row, j);
-      store_slot(p, d, row[j], i, row[first]);
-    }
-    primary[j] = first;
-  }
+  if (j < k) primary[j] = store_entry_slot(p, i, j, row, expert);
   __syncthreads();
   const char* src = p.x + static_cast<int64_t>(token) * plan.row_bytes;
   for (int32_t q = 0; q < k; ++q) {
@@ -282,21 +292,10 @@ __device__ __forceinline__ void send_token_warp(const MoeDispatchParams& p, int3
   const device::NvlinkTransport& t = p.c.transport;
   const int32_t k = plan.topk, j = static_cast<int32_t>(threadIdx.x % 32);
   const int64_t i = static_cast<int64_t>(token) * k + j;
-  int32_t e = -1, r = -1;
-  if (j < k) {
-    e = expert_at<IdxT>(p, i);
-    r = entry_row(p, e, i);
-    row[j] = r;
-    expert[j] = e;
-    p.c.home_row[i] = r;
-    p.c.home_weight[i] = p.topk_weights[i];
-  }
+  const int32_t e = j < k ? expert_at<IdxT>(p, i) : -1;
+  const int32_t r = j < k ? lay_entry(p, i, j, e, row, expert) : -1;
   __syncwarp();
-  int32_t first = -1;  // the primary: the kept entry of the lowest-numbered expert on this entry's rank
-  if (j < k && r >= 0) {
-    first = plan.primary_of(expert, row, j);
-    store_slot(p, plan.rank_of_expert(e), r, i, row[first]);
-  }
+  const int32_t first = j < k ? store_entry_slot(p, i, j, row, expert) : -1;
   const char* src = p.x + static_cast<int64_t>(token) * plan.row_bytes;
   for (int32_t q = 0; q < k; ++q) {
     if (__shfl_sync(~0u, first, q) != q) continue;  // the same on every lane

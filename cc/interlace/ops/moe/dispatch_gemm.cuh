@@ -132,22 +132,13 @@ __device__ __forceinline__ int32_t chunks_of(int32_t rows) {
 // row/expert: the warp's shared scratch, a word per top-k entry (MoePlan::primary_of reads them).
 __device__ __forceinline__ void lay_token_warp(const MoeDispatchParams& p, bool wide, const int32_t* slot_start,
                                                int32_t* slot_list, int32_t token, int32_t* row, int32_t* expert) {
-  const MoePlan& plan = p.c.plan;
-  const int32_t k = plan.topk, j = static_cast<int32_t>(threadIdx.x % 32);
+  const int32_t k = p.c.plan.topk, j = static_cast<int32_t>(threadIdx.x % 32);
   const int64_t i = static_cast<int64_t>(token) * k + j;
-  int32_t e = -1, r = -1;
-  if (j < k) {
-    e = expert_of_entry(p, wide, i);
-    r = entry_row(p, e, i);
-    expert[j] = e;
-    row[j] = r;
-    p.c.home_row[i] = r;
-    p.c.home_weight[i] = p.topk_weights[i];
-  }
+  const int32_t e = j < k ? expert_of_entry(p, wide, i) : -1;
+  if (j < k) lay_entry(p, i, j, e, row, expert);
   __syncwarp();
   if (j < k && e >= 0) {
-    const int32_t first = r >= 0 ? plan.primary_of(expert, row, j) : -1;
-    if (r >= 0) store_slot(p, plan.rank_of_expert(e), r, i, row[first]);
+    const int32_t first = store_entry_slot(p, i, j, row, expert);
     slot_list[slot_start[e] + p.pos[i]] = first == j ? static_cast<int32_t>(i) : -1;
   }
   __syncwarp();  // row and expert are rewritten for the warp's next token
