@@ -44,6 +44,19 @@ struct Call {
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
+// The fused ops' and the combine's tests share one layout: 2 ranks, 8 experts (L = 4), top-2, H = 64,
+// 16 tokens, capacity 10 per expert (recv_rows = 4 x 10).
+MoeShape two_ranks_of_four_experts() {
+  MoeShape shape;
+  shape.world = 2;
+  shape.experts = 8;
+  shape.topk = 2;
+  shape.row_bytes = 128;
+  shape.tokens = 16;
+  shape.capacity = 10;
+  return shape;
+}
+
 TEST(MoeDispatchArgs, AcceptsAGoodCallAndReturnsItsShape) {
   Call c;
   const MoeShape s = check_moe_dispatch_args(c.x, c.idx, c.w, c.options, c.world, kDevice);
@@ -107,14 +120,8 @@ TEST(MoeDispatchArgs, RefusesEachBadArgument) {
 }
 
 TEST(MoeCombineArgs, AcceptsTheDispatchLayoutAndRefusesOthers) {
-  MoeShape shape;
-  shape.world = 2;
-  shape.experts = 8;
-  shape.topk = 2;
-  shape.row_bytes = 128;
-  shape.tokens = 16;
-  shape.capacity = 10;
-  const MoePlan plan = make_moe_plan(shape);  // recv_rows = 4 x 10
+  const MoeShape shape = two_ranks_of_four_experts();
+  const MoePlan plan = make_moe_plan(shape);
   const TensorView expert_out = tensor({40, 64}, kBf16);
   const TensorView out = tensor({12, 64}, kBf16, 40 * 128);
   auto error = [&](TensorView eo, TensorView o, int64_t tokens = 12) {
@@ -145,14 +152,8 @@ TEST(MoeCombineArgs, AcceptsTheDispatchLayoutAndRefusesOthers) {
 // moe_gemm_combine: act in the receive layout viewed as [L, C, F], w [L, F, H] in either layout,
 // out [T, H]; then grouped_gemm's own stride and alignment checks on act and w.
 TEST(MoeGemmCombineArgs, ReturnsTheGroupedProblemAndRefusesEachBadArgument) {
-  MoeShape shape;
-  shape.world = 2;
-  shape.experts = 8;  // L = 4
-  shape.topk = 2;
-  shape.row_bytes = 128;  // H = 64
-  shape.tokens = 16;
-  shape.capacity = 10;
-  const MoePlan plan = make_moe_plan(shape);  // recv_rows = 4 x 10
+  const MoeShape shape = two_ranks_of_four_experts();
+  const MoePlan plan = make_moe_plan(shape);
   const TensorView act = tensor({40, 32}, kBf16);                  // F = 32: bytes [0, 2560)
   const TensorView w = tensor({4, 32, 64}, kBf16, 4096);           // [L, F, H], H contiguous
   const TensorView out = tensor({12, 64}, kBf16, 24576);
@@ -210,14 +211,8 @@ TEST(MoeGemmCombineArgs, ReturnsTheGroupedProblemAndRefusesEachBadArgument) {
 // moe_dispatch_gemm: expert_x viewed as [L, C, H] times w [L, H, N] in either layout into out
 // [recv_rows, N] viewed as [L, C, N]; then grouped_gemm's own stride, alignment and overlap checks.
 TEST(MoeDispatchGemmArgs, ReturnsTheGroupedProblemAndRefusesEachBadArgument) {
-  MoeShape shape;
-  shape.world = 2;
-  shape.experts = 8;  // L = 4
-  shape.topk = 2;
-  shape.row_bytes = 128;  // H = 64
-  shape.tokens = 16;
-  shape.capacity = 10;
-  const MoePlan plan = make_moe_plan(shape);                  // recv_rows = 4 x 10
+  const MoeShape shape = two_ranks_of_four_experts();
+  const MoePlan plan = make_moe_plan(shape);
   const TensorView expert_x = tensor({40, 64}, kBf16);         // bytes [0, 5120)
   const TensorView w = tensor({4, 64, 32}, kBf16, 8192);       // [L, H, N], N contiguous
   const TensorView out = tensor({40, 32}, kBf16, 24576);

@@ -44,6 +44,12 @@ def custom_calls(text):
     return re.findall(r"stablehlo\.custom_call @(\w+)\(.*?mhlo\.backend_config = \{(.*?)\}.*?-> (tensor<[^>]*>)", text)
 
 
+def typed_custom_calls(text):
+    """[(target, attributes, operand types, result types)] of every stablehlo.custom_call in the module text."""
+    return re.findall(r"stablehlo\.custom_call @(\w+)\(.*?mhlo\.backend_config = \{(.*?)\}.*?\} : \((.*?)\) -> (.*)",
+                      text)
+
+
 def sds(shape, dtype=jnp.bfloat16):
     return jax.ShapeDtypeStruct(shape, dtype)
 
@@ -233,8 +239,7 @@ def test_moe_gemm_combine_lowers_to_custom_call(group):
 
     args = sds((64, 256)), sds((64, 2), jnp.int32), sds((64, 2), jnp.float32), sds((256, 512)), sds((8, 256, 512))
     text = lower_cuda(layer, *args)
-    calls = re.findall(r"stablehlo\.custom_call @(\w+)\(.*?mhlo\.backend_config = \{(.*?)\}.*?\} : \((.*?)\) -> (.*)",
-                       text)
+    calls = typed_custom_calls(text)
     assert [c[0] for c in calls] == ["interlace_moe_dispatch", "interlace_moe_gemm_combine"], text
     _, attrs, operands, result = calls[1]
     assert "moe = 77 : i64" in attrs and "group = 4242 : i64" in attrs and "cluster_m = 2 : i64" in attrs
@@ -261,8 +266,7 @@ def test_moe_dispatch_gemm_lowers_to_custom_call(group):
     args = (sds((64, 256)), sds((64, 2), jnp.int32), sds((64, 2), jnp.float32), sds((8, 256, 512)),
             sds((8, 512, 256)))
     text = lower_cuda(layer, *args)
-    calls = re.findall(r"stablehlo\.custom_call @(\w+)\(.*?mhlo\.backend_config = \{(.*?)\}.*?\} : \((.*?)\) -> (.*)",
-                       text)
+    calls = typed_custom_calls(text)
     assert [c[0] for c in calls] == ["interlace_moe_dispatch_gemm", "interlace_moe_gemm_combine"], text
     _, attrs, operands, results = calls[0]
     assert "moe = 77 : i64" in attrs and "group = 4242 : i64" in attrs and "cluster_m = 2 : i64" in attrs
