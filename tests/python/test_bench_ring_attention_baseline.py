@@ -53,8 +53,8 @@ for seq in (2 * world * 5 + 1, 2 * world * 5 + world + 1, 2 * world * 4):
                 dist.all_gather_object(every, (out, lse))
                 got_out = interlace.ring_attention_unshard(torch.cat([o for o, _ in every], 1), world, dim=1)
                 got_lse = interlace.ring_attention_unshard(torch.cat([l for _, l in every], 2), world, dim=2)
-                torch.testing.assert_close(got_out, want_out, rtol=1e-5, atol=1e-5, msg=f"{case} {ring.__name__} out")
-                torch.testing.assert_close(got_lse, want_lse, rtol=1e-5, atol=1e-5, msg=f"{case} {ring.__name__} lse")
+                torch.testing.assert_close(got_out, want_out, rtol=1e-4, atol=1e-4, msg=f"{case} {ring.__name__} out")
+                torch.testing.assert_close(got_lse, want_lse, rtol=1e-4, atol=1e-4, msg=f"{case} {ring.__name__} lse")
                 # One call per step (causal: the diagonal only at step 0, on square blocks).
                 assert len(calls) == world, (case, calls)
                 assert [c for _, _, c in calls] == [causal] + [False] * (world - 1), (case, calls)
@@ -89,8 +89,8 @@ def test_merge_is_the_softmax_over_both_key_sets():
         out, lse = attend_math(q, k[:, :5], v[:, :5], False, scale)
         merge(out, lse, *block)
         assert torch.isfinite(out).all() and torch.isfinite(lse).all()
-        torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(lse, want_lse, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out, want_out, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(lse, want_lse, rtol=1e-4, atol=1e-4)
         # A block's out in bf16, as cuDNN gives it: accumulated in fp32 all the same.
         out, lse = attend_math(q, k[:, :5], v[:, :5], False, scale)
         merge(out, lse, block[0].to(torch.bfloat16), block[1])
@@ -100,8 +100,8 @@ def test_merge_is_the_softmax_over_both_key_sets():
         out, lse = attend_math(q, k[:, :5], v[:, :5], False, scale)
         before = out[:, :3].clone()
         merge(out[:, 3:], lse[:, :, 3:], *attend_math(q[:, 3:], k[:, 5:], v[:, 5:], False, scale))
-        torch.testing.assert_close(out[:, 3:], want_out[:, 3:], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(lse[:, :, 3:], want_lse[:, :, 3:], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out[:, 3:], want_out[:, 3:], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(lse[:, :, 3:], want_lse[:, :, 3:], rtol=1e-4, atol=1e-4)
         assert torch.equal(out[:, :3], before)
 
 
@@ -113,5 +113,5 @@ def test_reference_is_attention_on_the_given_rows(causal):
     want_out, want_lse = attend_math(q, k, v, causal, 0.3)
     rows = torch.tensor([12, 0, 5, 6, 1])
     out, lse = reference(q, k, v, rows, [0, 3], causal, 0.3, block_rows=2)  # blocks of 2: a ragged last one
-    torch.testing.assert_close(out, want_out[:, rows][:, :, [0, 3]], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(lse, want_lse[:, [0, 3]][:, :, rows], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, want_out[:, rows][:, :, [0, 3]], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(lse, want_lse[:, [0, 3]][:, :, rows], rtol=1e-4, atol=1e-4)
