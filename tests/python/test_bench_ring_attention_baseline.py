@@ -53,8 +53,10 @@ for seq in (2 * world * 5 + 1, 2 * world * 5 + world + 1, 2 * world * 4):
                 dist.all_gather_object(every, (out, lse))
                 got_out = interlace.ring_attention_unshard(torch.cat([o for o, _ in every], 1), world, dim=1)
                 got_lse = interlace.ring_attention_unshard(torch.cat([l for _, l in every], 2), world, dim=2)
-                torch.testing.assert_close(got_out, want_out, rtol=1e-4, atol=1e-4, msg=f"{case} {ring.__name__} out")
-                torch.testing.assert_close(got_lse, want_lse, rtol=1e-4, atol=1e-4, msg=f"{case} {ring.__name__} lse")
+                torch.testing.assert_close(got_out, want_out, rtol=1e-4, atol=1e-4,
+                                           msg=lambda m: f"{case} {ring.__name__} out: {m}")
+                torch.testing.assert_close(got_lse, want_lse, rtol=1e-4, atol=1e-4,
+                                           msg=lambda m: f"{case} {ring.__name__} lse: {m}")
                 # One call per step (causal: the diagonal only at step 0, on square blocks).
                 assert len(calls) == world, (case, calls)
                 assert [c for _, _, c in calls] == [causal] + [False] * (world - 1), (case, calls)
