@@ -94,6 +94,23 @@ TEST(GemmTilePlan, NarrowTilesOnlyWhereWideOnesFillTheLastWavePoorly) {
   EXPECT_EQ(choose_tile_n(4096, 4096, 132, 2), 256);
 }
 
+TEST(GemmTilePlan, AutomaticScheduleIsPingpongUnlessHbmIsLean) {
+  constexpr double kH100 = 3.35e12 / 132, kH200 = 4.8e12 / 132;
+  for (int64_t m : {1, 2048, 8192, 32768}) {
+    const GemmSchedule s = automatic_gemm_schedule(m, kH200);
+    EXPECT_TRUE(s.pingpong) << m;
+    EXPECT_EQ(s.band_m, 8) << m;
+  }
+  const GemmSchedule small = automatic_gemm_schedule(4096, kH100);  // ping-pong, narrower bands
+  EXPECT_TRUE(small.pingpong);
+  EXPECT_EQ(small.band_m, 2);
+  for (int64_t m : {int64_t{8192}, int64_t{32768}}) {  // cooperative
+    const GemmSchedule large = automatic_gemm_schedule(m, kH100);
+    EXPECT_FALSE(large.pingpong) << m;
+    EXPECT_EQ(large.band_m, 8) << m;
+  }
+}
+
 TEST(GemmTilePlan, DecodeSizesSwapWhereNFillsTheSms) {
   EXPECT_EQ(decode_swap_tile_n(0, 8192, 132), 0);  // nothing to compute
   EXPECT_EQ(decode_swap_tile_n(1, 8192, 132), 64);

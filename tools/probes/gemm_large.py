@@ -1,7 +1,8 @@
-"""Probe: why does torch's fused all-gather + matmul beat interlace.gemm on the gathered A at large M
-(bench/results/NOTES.md, fourth session)? Times, on one GPU and in alternating blocks, the engine's
-schedules and cuBLAS on the whole problem and on row halves and quarters (what torch's fused op runs).
+"""Probe: the engine's schedules against cuBLAS on large GEMMs (issue 8's weak spot: M and N of 8k and
+more, bench/results/NOTES.md), one GPU, the methods timed in alternating blocks, each checked first,
+with the SM clock and power at each block's end (a kernel held back by the power cap shows there).
 Run on the GPU machine: PYTHONPATH=<wheel dir> python3 tools/probes/gemm_large.py"""
+import statistics
 import sys
 
 import torch
@@ -9,12 +10,25 @@ import torch
 import interlace
 from interlace.bench import common
 
-SHAPES = [(32768, 14336, 8192), (16384, 14336, 8192), (8192, 14336, 8192), (16384, 4096, 8192)]
-# First run (NOTES.md): ping-pong without clusters is far behind and cooperative 256-wide tiles lose
-# except at 32768 rows; now the band height (cluster-tile rows, default 8) for both.
-TUNINGS = {"pp": {}, **{f"pp_band{b}": {"band_m": b} for b in (1, 2, 4, 16, 32)},
-           "coop256": {"pingpong": False, "tile_n": 256},
-           **{f"coop256_band{b}": {"pingpong": False, "tile_n": 256, "band_m": b} for b in (2, 4, 8)}}
+# Issue 8's M sweeps at (K, N) = (4096, 14336) and (8192, 28672), and square-ish shapes.
+SHAPES = ([(m, 14336, 4096) for m in (2048, 4096, 8192, 16384, 32768)] +
+          [(m, 28672, 8192) for m in (2048, 4096, 8192, 16384)] +
+          [(16384, 4096, 8192), (8192, 8192, 8192), (4096, 8192, 8192), (16384, 16384, 12288)])
+# The automatic schedule (automatic_gemm_schedule) beside the ones it picks from: ping-pong 128 x 128
+# in bands of 8 cluster-tile rows (the schedule on GPUs well fed by HBM) and of 2, cooperative 128 x 256.
+TUNINGS = {"auto": {}, **{f"pp_band{b}": {"band_m": b} for b in (2, 8)},
+           "coop256_band8": {"pingpong": False, "tile_n": 256, "band_m": 8}}
+
+
+def gpu_state():
+    """(SM clock MHz, power W) now."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        return (pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM), pynvml.nvmlDeviceGetPowerUsage(h) / 1000)
+    except Exception:  # no NVML: the timings still stand
+        return (float("nan"), float("nan"))
 
 
 def main():
@@ -34,16 +48,24 @@ def main():
                 sys.exit(f"{name} wrong at {m}x{n}x{k}: {err}")
             methods[name] = lambda kw=kw: interlace.gemm(a, b, out, **kw)
         methods["cublas"] = lambda: torch.matmul(a, b, out=out)
-        for parts in (2,):
-            rows = m // parts
-            chunks = [(a[i * rows:(i + 1) * rows], out[i * rows:(i + 1) * rows]) for i in range(parts)]
-            methods[f"cublas_{parts}parts"] = lambda c=chunks: [torch.matmul(x, b, out=o) for x, o in c]
-        iters = max(10, min(100, int(400 / (2.0 * m * n * k / 6.5e11))))
-        ms = common.time_interleaved(methods, 3, iters)
+        per_block = max(2, min(20, int(0.2 / (2.0 * m * n * k / 6.5e14))))  # about 0.2 s a block
+        times = {name: [] for name in methods}
+        states = {name: [] for name in methods}
+        for fn in methods.values():
+            fn()
+        for _ in range(5):  # rounds of blocks in turns: every method sees the same drift
+            for name, fn in methods.items():
+                times[name] += common.time_launches(fn, per_block)
+                states[name].append(gpu_state())
         flop = 2.0 * m * n * k
-        cells = "  ".join(f"{name} {flop / t / 1e9:5.0f}" for name, t in ms.items())
-        print(f"{m}x{n}x{k} TFLOP/s: {cells}", flush=True)
-
+        print(f"{m}x{n}x{k}: TFLOP/s, SM MHz, W at each block's end (medians)", flush=True)
+        best = max(flop / statistics.median(t) / 1e9 for name, t in times.items() if name != "cublas")
+        for name, t in times.items():
+            clock = statistics.median(s[0] for s in states[name])
+            watts = statistics.median(s[1] for s in states[name])
+            tflops = flop / statistics.median(t) / 1e9
+            mark = " <" if tflops == best else ""
+            print(f"  {name:14} {tflops:5.0f}  {clock:5.0f} MHz  {watts:4.0f} W{mark}", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,7 @@
 #include "interlace/gemm/gemm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "interlace/base/cuda.h"
@@ -11,6 +12,22 @@
 
 namespace interlace {
 namespace {
+
+// The GPU's peak HBM bandwidth per SM, bytes per second (memory clock x bus width, two transfers a
+// clock), asked once per device: attribute queries on every call would cost host time.
+double hbm_bytes_per_sm(int device, int num_sms) {
+  static std::atomic<double> known[64] = {};
+  const bool cached = device >= 0 && device < 64;
+  if (cached && known[device].load() > 0) return known[device].load();
+  int clock_khz = 0, bus_bits = 0;
+  IL_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device));
+  IL_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
+  // A GPU that does not say counts as well fed: the schedule everywhere else.
+  const double bytes = clock_khz > 0 && bus_bits > 0 ? 2.0 * clock_khz * 1e3 * bus_bits / 8 / std::max(num_sms, 1)
+                                                     : kLeanHbmBytesPerSm;
+  if (cached) known[device].store(bytes);
+  return bytes;
+}
 
 // One launch of the engine with Config and Epilogue on problem p, whose operands' data are a and b.
 template <class Config, class Epilogue>
@@ -84,6 +101,12 @@ void gemm(const TensorView& a, const TensorView& b, const TensorView& out, cudaS
   // One tile row: a cluster partner would only compute rows past M (35 against 25 us at
   // 128 x 4096 @ 4096 x 8192, 1 x H200, tools/probes/gemm_decode.py).
   if (tuning.cluster_m == 0) tuning.cluster_m = p.m <= 128 ? 1 : 2;
+  // Schedule and bands left automatic: the GPU's (automatic_gemm_schedule).
+  if (swap_tile_n == 0 && tuning.band_m == 0 && tuning.tile_n == 0 && tuning.pingpong) {
+    const GemmSchedule schedule = automatic_gemm_schedule(p.m, hbm_bytes_per_sm(device, num_sms));
+    tuning.pingpong = schedule.pingpong;
+    tuning.band_m = schedule.band_m;
+  }
   const int tile_n = tuning.pingpong ? 128
                      : tuning.tile_n ? tuning.tile_n
                                      : choose_tile_n(p.m, p.n, num_sms, tuning.cluster_m);

@@ -36,6 +36,11 @@ int decode_swap_tile_n(int64_t m, int64_t n, int num_sms) {
   return 2 * ((n + 127) / 128) <= num_sms ? 128 : 0;
 }
 
+GemmSchedule automatic_gemm_schedule(int64_t m, double hbm_bytes_per_sm) {
+  if (hbm_bytes_per_sm >= kLeanHbmBytesPerSm) return GemmSchedule{};
+  return m >= kLeanCooperativeRows ? GemmSchedule{false, 8} : GemmSchedule{true, 2};
+}
+
 BandedOrder::Params BandedOrder::make(const TileGrid& grid, int band_m) {
   IL_CHECK(band_m >= 1, "band_m must be >= 1");
   // A band taller than the grid is the whole grid; clamping keeps band_m * tiles_n within the tile count.

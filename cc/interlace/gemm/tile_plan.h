@@ -37,6 +37,25 @@ int choose_tile_n(int64_t m, int64_t n, int num_sms, int cluster_m = 1);
 // 145 against 162; at N = 4096 and 8192 slower: 70.9 against 47.2 and 27.2 against 22.9, 1 x H200).
 int decode_swap_tile_n(int64_t m, int64_t n, int num_sms);
 
+// HBM bytes per second per SM below which a GPU counts as lean on memory (H100 SXM: 3.35 TB/s over 132
+// SMs, 25 GB/s an SM; H200: 4.8 TB/s, 36 GB/s).
+inline constexpr double kLeanHbmBytesPerSm = 30e9;
+
+// The plain GEMM's schedule where its tuning is left automatic (gemm.cu).
+struct GemmSchedule {
+  bool pingpong = true;  // ping-pong 128 x 128 tiles; false: cooperative, 128 x choose_tile_n
+  int band_m = 8;        // cluster-tile rows per band (BandedOrder)
+};
+
+// Ping-pong tiles in bands of 8, except on a GPU lean on memory (hbm_bytes_per_sm, per second, below
+// kLeanHbmBytesPerSm): there, at power cap, ping-pong in bands of 8 ran large GEMMs at 0.56-0.77x of
+// cuBLAS, where cooperative 128 x 256 tiles (half ping-pong's loads per flop) in bands of 8 reached
+// 0.90-0.97x; below kLeanCooperativeRows rows ping-pong stays ahead, in bands of 2 (1 x H100,
+// bench/results/NOTES.md, twentieth session). On the H200 ping-pong in bands of 8 was the best of
+// the engine's schedules at every large shape (fifteenth session).
+inline constexpr int64_t kLeanCooperativeRows = 8192;
+GemmSchedule automatic_gemm_schedule(int64_t m, double hbm_bytes_per_sm);
+
 // Tiles in bands of band_m tile rows; within a band, column by column, so that the tiles running at
 // one time share A rows and B columns in L2. The last band has the rows that are left.
 struct BandedOrder {
