@@ -17,7 +17,7 @@ SHAPES = ([(m, 14336, 4096) for m in (2048, 4096, 8192, 16384, 32768)] +
 # The automatic schedule (automatic_gemm_schedule) beside the ones it picks from: ping-pong 128 x 128
 # in bands of 8 cluster-tile rows (the schedule on GPUs well fed by HBM) and of 2, cooperative 128 x 256.
 TUNINGS = {"auto": {}, **{f"pp_band{b}": {"band_m": b} for b in (2, 8)},
-           "coop256_band8": {"pingpong": False, "tile_n": 256, "band_m": 8}}
+           **{f"coop256_band{b}": {"pingpong": False, "tile_n": 256, "band_m": b} for b in (8, 16)}}
 
 
 def gpu_state():
