@@ -127,8 +127,9 @@ def gemm(a, b, out, *, stream=None, band_m=0, tile_n=0, cluster_m=0, pingpong=Tr
     cluster sharing B (1 or 2; automatic: 1 for M <= 128, else 2; at M <= 64, or 128 at moderate N, with
     b a weight.t() and every tuning left automatic, gemm computes out^T = b^T a^T instead, on 64-row
     tiles of N); pingpong (default), consumer warpgroups on alternate 128 x 128 tiles,
-    else cooperative tiles of width tile_n (128 or 256, by wave fill). Raises interlace.Error before
-    any GPU work."""
+    else cooperative tiles of width tile_n (128 or 256, by wave fill). With band_m, tile_n and pingpong
+    all left as they are, a GPU of little HBM bandwidth per SM (an H100) gets cooperative tiles at
+    M >= 8192 and bands of 2 below. Raises interlace.Error before any GPU work."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: interlace.gemm writes into out")
     if stream is None:
