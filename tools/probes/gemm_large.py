@@ -49,23 +49,18 @@ def main():
             methods[name] = lambda kw=kw: interlace.gemm(a, b, out, **kw)
         methods["cublas"] = lambda: torch.matmul(a, b, out=out)
         per_block = max(2, min(20, int(0.2 / (2.0 * m * n * k / 6.5e14))))  # about 0.2 s a block
-        times = {name: [] for name in methods}
         states = {name: [] for name in methods}
-        for fn in methods.values():
-            fn()
-        for _ in range(5):  # rounds of blocks in turns: every method sees the same drift
-            for name, fn in methods.items():
-                times[name] += common.time_launches(fn, per_block)
-                states[name].append(gpu_state())
+        ms = common.time_interleaved(methods, 1, 5 * per_block, rounds=5,
+                                     after_block=lambda name: states[name].append(gpu_state()))
         flop = 2.0 * m * n * k
         print(f"{m}x{n}x{k}: TFLOP/s, SM MHz, W at each block's end (medians)", flush=True)
-        best = max(flop / statistics.median(t) / 1e9 for name, t in times.items() if name != "cublas")
-        for name, t in times.items():
+        best = min(t for name, t in ms.items() if name != "cublas")
+        for name, t in ms.items():
             clock = statistics.median(s[0] for s in states[name])
             watts = statistics.median(s[1] for s in states[name])
-            tflops = flop / statistics.median(t) / 1e9
-            mark = " <" if tflops == best else ""
-            print(f"  {name:14} {tflops:5.0f}  {clock:5.0f} MHz  {watts:4.0f} W{mark}", flush=True)
+            mark = " <" if t == best and name != "cublas" else ""
+            print(f"  {name:14} {flop / t / 1e9:5.0f}  {clock:5.0f} MHz  {watts:4.0f} W{mark}", flush=True)
+
 
 if __name__ == "__main__":
     main()

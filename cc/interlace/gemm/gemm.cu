@@ -1,7 +1,6 @@
 #include "interlace/gemm/gemm.h"
 
 #include <algorithm>
-#include <atomic>
 #include <type_traits>
 
 #include "interlace/base/cuda.h"
@@ -14,19 +13,13 @@ namespace interlace {
 namespace {
 
 // The GPU's peak HBM bandwidth per SM, bytes per second (memory clock x bus width, two transfers a
-// clock), asked once per device: attribute queries on every call would cost host time.
+// clock); a GPU that does not say counts as well fed, with the schedule everywhere else.
 double hbm_bytes_per_sm(int device, int num_sms) {
-  static std::atomic<double> known[64] = {};
-  const bool cached = device >= 0 && device < 64;
-  if (cached && known[device].load() > 0) return known[device].load();
   int clock_khz = 0, bus_bits = 0;
   IL_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device));
   IL_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
-  // A GPU that does not say counts as well fed: the schedule everywhere else.
-  const double bytes = clock_khz > 0 && bus_bits > 0 ? 2.0 * clock_khz * 1e3 * bus_bits / 8 / std::max(num_sms, 1)
-                                                     : kLeanHbmBytesPerSm;
-  if (cached) known[device].store(bytes);
-  return bytes;
+  if (clock_khz <= 0 || bus_bits <= 0) return kLeanHbmBytesPerSm;
+  return 2.0 * clock_khz * 1e3 * bus_bits / 8 / std::max(num_sms, 1);
 }
 
 // One launch of the engine with Config and Epilogue on problem p, whose operands' data are a and b.

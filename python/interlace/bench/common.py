@@ -75,10 +75,11 @@ def time_op(fn, warmup: int, iters: int, collective: bool = True) -> float:
     return t.item()
 
 
-def time_interleaved(fns: dict, warmup: int, iters: int, rounds: int = 5) -> dict:
+def time_interleaved(fns: dict, warmup: int, iters: int, rounds: int = 5, after_block=None) -> dict:
     """Median milliseconds per launch of each fn (one process, one GPU), timed in alternating blocks so
     that every method sees the same clocks and temperature: GPU clocks drift over a run, and timing
-    methods one after the other would fold that drift into their ratio."""
+    methods one after the other would fold that drift into their ratio. after_block(label), if given,
+    runs after each block (a probe reading the clocks there)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -87,6 +88,8 @@ def time_interleaved(fns: dict, warmup: int, iters: int, rounds: int = 5) -> dic
     for _ in range(rounds):
         for label, fn in fns.items():
             times[label] += time_launches(fn, per_round)
+            if after_block is not None:
+                after_block(label)
     return {label: statistics.median(t) for label, t in times.items()}
 
 
