@@ -78,15 +78,19 @@ def time_op(fn, warmup: int, iters: int, collective: bool = True) -> float:
 def time_interleaved(fns: dict, warmup: int, iters: int, rounds: int = 5, after_block=None) -> dict:
     """Median milliseconds per launch of each fn (one process, one GPU), timed in alternating blocks so
     that every method sees the same clocks and temperature: GPU clocks drift over a run, and timing
-    methods one after the other would fold that drift into their ratio. after_block(label), if given,
-    runs after each block (a probe reading the clocks there)."""
+    methods one after the other would fold that drift into their ratio. Each round starts one method
+    later, so that no method always follows the same one: under a power cap a block runs faster after
+    a frugal one (on an H100, two identical launches differed by 2-9% in a fixed order, the first of
+    each round ahead). after_block(label), if given, runs after each block (a probe reading the clocks
+    there)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     times = {label: [] for label in fns}
     per_round = max(1, iters // rounds)
-    for _ in range(rounds):
-        for label, fn in fns.items():
+    items = list(fns.items())
+    for r in range(rounds):
+        for label, fn in items[r % len(items):] + items[:r % len(items)]:
             times[label] += time_launches(fn, per_round)
             if after_block is not None:
                 after_block(label)
