@@ -2,6 +2,7 @@
 import datetime
 import json
 import os
+import random
 import statistics
 import warnings
 
@@ -78,19 +79,21 @@ def time_op(fn, warmup: int, iters: int, collective: bool = True) -> float:
 def time_interleaved(fns: dict, warmup: int, iters: int, rounds: int = 5, after_block=None) -> dict:
     """Median milliseconds per launch of each fn (one process, one GPU), timed in alternating blocks so
     that every method sees the same clocks and temperature: GPU clocks drift over a run, and timing
-    methods one after the other would fold that drift into their ratio. Each round starts one method
-    later, so that no method always follows the same one: under a power cap a block runs faster after
-    a frugal one (on an H100, two identical launches differed by 2-9% in a fixed order, the first of
-    each round ahead). after_block(label), if given, runs after each block (a probe reading the clocks
-    there)."""
+    methods one after the other would fold that drift into their ratio. Each round takes the methods
+    in a fresh order (seeded, so runs repeat), since under a power cap a block runs faster after a
+    frugal one: on an H100 a launch timed right after cuBLAS read 1-5% faster than the same launch
+    elsewhere, in a fixed order and in a rotated one alike. after_block(label), if given, runs after
+    each block (a probe reading the clocks there)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     times = {label: [] for label in fns}
     per_round = max(1, iters // rounds)
     items = list(fns.items())
-    for r in range(rounds):
-        for label, fn in items[r % len(items):] + items[:r % len(items)]:
+    shuffle = random.Random(0).shuffle
+    for _ in range(rounds):
+        shuffle(items)
+        for label, fn in items:
             times[label] += time_launches(fn, per_round)
             if after_block is not None:
                 after_block(label)
