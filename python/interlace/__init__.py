@@ -128,8 +128,8 @@ def gemm(a, b, out, *, stream=None, band_m=0, tile_n=0, cluster_m=0, pingpong=Tr
     b a weight.t() and every tuning left automatic, gemm computes out^T = b^T a^T instead, on 64-row
     tiles of N); pingpong (default), consumer warpgroups on alternate 128 x 128 tiles,
     else cooperative tiles of width tile_n (128 or 256, by wave fill). With band_m, tile_n and pingpong
-    all left as they are, a GPU of little HBM bandwidth per SM (an H100) gets cooperative tiles at
-    M >= 8192 and bands of 2 below. Raises interlace.Error before any GPU work."""
+    all left as they are, a GPU of little HBM bandwidth per SM (an H100) gets cooperative tiles from
+    1e12 flop (2 M N K) and ping-pong in bands of 2 below. Raises interlace.Error before any GPU work."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: interlace.gemm writes into out")
     if stream is None:

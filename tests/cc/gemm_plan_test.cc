@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <set>
 #include <tuple>
@@ -97,17 +98,20 @@ TEST(GemmTilePlan, NarrowTilesOnlyWhereWideOnesFillTheLastWavePoorly) {
 TEST(GemmTilePlan, AutomaticScheduleIsPingpongUnlessHbmIsLean) {
   constexpr double kH100 = 3.35e12 / 132, kH200 = 4.8e12 / 132;
   for (int64_t m : {1, 2048, 8192, 32768}) {
-    const GemmSchedule s = automatic_gemm_schedule(m, kH200);
+    const GemmSchedule s = automatic_gemm_schedule(m, 28672, 8192, kH200);
     EXPECT_TRUE(s.pingpong) << m;
     EXPECT_EQ(s.band_m, 8) << m;
   }
-  const GemmSchedule small = automatic_gemm_schedule(4096, kH100);  // ping-pong, narrower bands
-  EXPECT_TRUE(small.pingpong);
-  EXPECT_EQ(small.band_m, 2);
-  for (int64_t m : {int64_t{8192}, int64_t{32768}}) {  // cooperative
-    const GemmSchedule large = automatic_gemm_schedule(m, kH100);
-    EXPECT_FALSE(large.pingpong) << m;
-    EXPECT_EQ(large.band_m, 8) << m;
+  // Lean: ping-pong in bands of 2 below 1e12 flop, cooperative in bands of 8 from there.
+  for (auto [m, n, k] : {std::array<int64_t, 3>{1, 28672, 8192}, {8192, 14336, 4096}, {4096, 8192, 8192}}) {
+    const GemmSchedule small = automatic_gemm_schedule(m, n, k, kH100);
+    EXPECT_TRUE(small.pingpong) << m << "x" << n << "x" << k;
+    EXPECT_EQ(small.band_m, 2) << m << "x" << n << "x" << k;
+  }
+  for (auto [m, n, k] : {std::array<int64_t, 3>{8192, 8192, 8192}, {4096, 28672, 8192}, {32768, 14336, 4096}}) {
+    const GemmSchedule large = automatic_gemm_schedule(m, n, k, kH100);
+    EXPECT_FALSE(large.pingpong) << m << "x" << n << "x" << k;
+    EXPECT_EQ(large.band_m, 8) << m << "x" << n << "x" << k;
   }
 }
 

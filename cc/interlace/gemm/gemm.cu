@@ -96,7 +96,7 @@ void gemm(const TensorView& a, const TensorView& b, const TensorView& out, cudaS
   if (tuning.cluster_m == 0) tuning.cluster_m = p.m <= 128 ? 1 : 2;
   // Schedule and bands left automatic: the GPU's (automatic_gemm_schedule).
   if (swap_tile_n == 0 && tuning.band_m == 0 && tuning.tile_n == 0 && tuning.pingpong) {
-    const GemmSchedule schedule = automatic_gemm_schedule(p.m, hbm_bytes_per_sm(device, num_sms));
+    const GemmSchedule schedule = automatic_gemm_schedule(p.m, p.n, p.k, hbm_bytes_per_sm(device, num_sms));
     tuning.pingpong = schedule.pingpong;
     tuning.band_m = schedule.band_m;
   }

@@ -10,7 +10,7 @@ namespace interlace {
 
 // 0 means automatic. The defaults come from bench/results (NOTES.md): ping-pong consumers on
 // 128 x 128 tiles, 2-CTA clusters, bands of 8 cluster rows (16 for 256-wide cooperative tiles); on
-// a GPU lean on HBM bandwidth, cooperative tiles at large M (automatic_gemm_schedule, tile_plan.h).
+// a GPU lean on HBM bandwidth, cooperative tiles on large problems (automatic_gemm_schedule, tile_plan.h).
 struct GemmTuning {
   int band_m = 0;         // cluster-tile rows per band of the tile order (L2 reuse); see BandedOrder
   int tile_n = 0;         // cooperative only: output tile width, 128 or 256 (0: choose_tile_n)

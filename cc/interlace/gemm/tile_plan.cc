@@ -36,9 +36,10 @@ int decode_swap_tile_n(int64_t m, int64_t n, int num_sms) {
   return 2 * ((n + 127) / 128) <= num_sms ? 128 : 0;
 }
 
-GemmSchedule automatic_gemm_schedule(int64_t m, double hbm_bytes_per_sm) {
+GemmSchedule automatic_gemm_schedule(int64_t m, int64_t n, int64_t k, double hbm_bytes_per_sm) {
   if (hbm_bytes_per_sm >= kLeanHbmBytesPerSm) return GemmSchedule{};
-  return m >= kLeanCooperativeRows ? GemmSchedule{false, 8} : GemmSchedule{true, 2};
+  const double flop = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  return flop >= kLeanCooperativeFlop ? GemmSchedule{false, 8} : GemmSchedule{true, 2};
 }
 
 BandedOrder::Params BandedOrder::make(const TileGrid& grid, int band_m) {

@@ -48,13 +48,16 @@ struct GemmSchedule {
 };
 
 // Ping-pong tiles in bands of 8, except on a GPU lean on memory (hbm_bytes_per_sm, per second, below
-// kLeanHbmBytesPerSm): there, at power cap, ping-pong in bands of 8 ran large GEMMs at 0.56-0.77x of
-// cuBLAS, where cooperative 128 x 256 tiles (half ping-pong's loads per flop) in bands of 8 reached
-// 0.90-0.97x; below kLeanCooperativeRows rows ping-pong stays ahead, in bands of 2 (1 x H100,
-// bench/results/NOTES.md, twentieth session). On the H200 ping-pong in bands of 8 was the best of
-// the engine's schedules at every large shape (fifteenth session).
-inline constexpr int64_t kLeanCooperativeRows = 8192;
-GemmSchedule automatic_gemm_schedule(int64_t m, double hbm_bytes_per_sm);
+// kLeanHbmBytesPerSm): there, at the power cap, ping-pong in bands of 8 ran large GEMMs at 0.55-0.87x
+// of cuBLAS. Problems of kLeanCooperativeFlop or more take cooperative 128 x 256 tiles (half
+// ping-pong's loads per flop) in bands of 8, 0.87-0.97x; smaller ones ping-pong in bands of 2,
+// 0.87-1.0x. The boundary is measured, not derived: 8192 x 14336 x 4096 (0.96e12 flop) ran 676
+// TFLOP/s ping-pong against 556-600 cooperative, 8192 x 8192 x 8192 (1.1e12) 613 against 670, and
+// 4096 x 28672 x 8192 (1.9e12) 568 against 628-664 (1 x H100, bench/results/NOTES.md, twenty-first
+// session). On the H200 ping-pong in bands of 8 was the best of the engine's schedules at every
+// large shape (fifteenth session).
+inline constexpr double kLeanCooperativeFlop = 1e12;
+GemmSchedule automatic_gemm_schedule(int64_t m, int64_t n, int64_t k, double hbm_bytes_per_sm);
 
 // Tiles in bands of band_m tile rows; within a band, column by column, so that the tiles running at
 // one time share A rows and B columns in L2. The last band has the rows that are left.
