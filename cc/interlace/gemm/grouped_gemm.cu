@@ -49,7 +49,7 @@ template <class Element, int kTileRows, int kClusterN>
 void launch_swapped(const GroupedGemmProblem& p, const TensorView& a, const TensorView& b, const TensorView& out,
                     const SwappedGroupedOrder::Params& order, int32_t tiles, cudaStream_t stream, int num_sms) {
   using Config = gemm_engine::Sm90GemmConfig<Element, /*kBKMajor=*/true, kTileRows, /*kClusterM=*/1,
-                                             /*kPingpong=*/false, /*kTileM=*/128, kClusterN>;
+                                             /*kPingpong=*/true, /*kTileM=*/128, kClusterN>;
   static_assert(Config::kTileM == SwappedGroupedOrder::kTileM, "the order counts the engine's tiles");
   using Epilogue = gemm_engine::SwappedGroupedStore<Element>;
   using Params = gemm_engine::GemmParams<Config, SwappedGroupedOrder, gemm_engine::NoInputWait, Epilogue>;

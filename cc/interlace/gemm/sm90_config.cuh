@@ -120,10 +120,11 @@ struct Sm90GemmConfig {
       ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<sizeof(cutlass::OrderedSequenceBarrier<2, 2>::SharedStorage)>,
       typename Schedule::Cutlass>::CollectiveOp;
-  static_assert(std::is_void_v<typename WideAtom<Element, kTileN_>::type> || (kBKMajor_ && !kPingpong_),
-                "the wide wgmmas are SS with both operands K-major, on cooperative tiles");
-  using Mainloop = typename WithAtom<BuiltMainloop, typename WideAtom<Element, kTileN_>::type,
-                                     cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>>::type;
+  static_assert(std::is_void_v<typename WideAtom<Element, kTileN_>::type> || kBKMajor_,
+                "the wide wgmmas are SS with both operands K-major");
+  // The warpgroups one wgmma spans: both on a cooperative tile, one on a ping-pong tile (as the builder's).
+  using AtomLayout = cute::Layout<cute::Shape<cute::Int<kPingpong_ ? 1 : 2>, cute::_1, cute::_1>>;
+  using Mainloop = typename WithAtom<BuiltMainloop, typename WideAtom<Element, kTileN_>::type, AtomLayout>::type;
   using TiledMma = typename Mainloop::TiledMma;
   using Pipeline = typename Mainloop::MainloopPipeline;
   using PipelineState = typename Mainloop::PipelineState;

@@ -34,7 +34,7 @@ template <bool kBKMajor, int kClusterM, int kTileN>
 using Tiled = Variant<gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, /*kPingpong=*/kTileN == 128>,
                       GroupedOrder, gemm_engine::GroupedStore<Element>>;
 using Swapped = Variant<gemm_engine::Sm90GemmConfig<Element, /*kBKMajor=*/true, kSwappedGroupedRows, /*kClusterM=*/1,
-                                                    /*kPingpong=*/false, /*kTileM=*/128, kSwappedGroupedClusterN>,
+                                                    /*kPingpong=*/true, /*kTileM=*/128, kSwappedGroupedClusterN>,
                         SwappedGroupedOrder, gemm_engine::SwappedGroupedStore<Element>>;
 
 template <class F>
