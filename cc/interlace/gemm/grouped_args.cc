@@ -52,8 +52,7 @@ void check_grouped_gemm_tuning(const GroupedGemmTuning& tuning, const char* op) 
            tuning.cluster_m, " and ", tuning.tile_n, ")");
 }
 
-int swapped_tile_rows(const GroupedGemmTuning& tuning, bool b_k_major, int64_t capacity, int64_t k, int64_t n,
-                      const char* op) {
+int swapped_tile_rows(const GroupedGemmTuning& tuning, bool b_k_major, int64_t capacity, const char* op) {
   check_grouped_gemm_tuning(tuning, op);
   if (tuning.swap == 1) {
     IL_CHECK(b_k_major, op, ": the swapped problem takes b K-major (Linear weights w [G, N, K] passed as "
@@ -61,7 +60,7 @@ int swapped_tile_rows(const GroupedGemmTuning& tuning, bool b_k_major, int64_t c
     return kSwappedGroupedRows;
   }
   const bool automatic = tuning.swap == 0 && tuning.cluster_m == 0 && tuning.tile_n == 0;
-  return automatic && b_k_major && capacity > kSwappedGroupedMinRows && capacity <= 2 * kSwappedGroupedRows && k > n
+  return automatic && b_k_major && capacity > kSwappedGroupedMinRows && capacity <= 2 * kSwappedGroupedRows
              ? kSwappedGroupedRows
              : 0;
 }

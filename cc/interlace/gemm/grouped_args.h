@@ -44,17 +44,18 @@ static_assert(kSwappedGroupedClusterN == 1 || kSwappedGroupedClusterN == 2,
               "SwappedGroupedOrder's apart runs take clusters of one or two row tiles");
 
 // The tiles' width where grouped_gemm runs the swapped problem (SwappedGroupedOrder), else 0.
-// Automatically where b is K-major (Linear weights), 128 < C <= 320 and K > N: there the unswapped
-// problem has two or three 128-row tiles per column, whose CTAs each read b[g] from HBM, where one
-// cluster of two swapped tiles covers C and reads it once. Measured against the unswapped problem
+// Automatically where b is K-major (Linear weights) and 128 < C <= 320: there the unswapped problem
+// has two or three 128-row tiles per column, whose CTAs each read b[g] from HBM, where one cluster of
+// two swapped tiles covers C and reads it once. Measured against the unswapped problem
 // (bench/results/NOTES.md): at G 128, C 320, K 7168 > N 4096, 1.42x at full groups, 1.17x at 0.8 C
 // (sixteenth session), 0.89-0.91x at C / 8, where most groups fill one row tile and the cluster's
 // CTAs work apart (seventeenth; the host cannot see the counts to choose); at G 256, C 151 (the moe
-// bench's DeepSeek-like layer on one rank) 1.40-1.46x (nineteenth). At C 512 and at decode (C 16) it
-// lost, and with K 2048 < N 7168 at 0.8 C (fifteenth), hence the range and K > N. Raises where swap is
-// 1 and the problem cannot (b not K-major, or cluster_m or tile_n set).
+// bench's DeepSeek-like layer on one rank) 1.40-1.46x (nineteenth); at K 2048 < N 7168 (the second
+// FFN matmul), where the cooperative swapped tiles had lost, 1.4-1.8x on ping-pong ones (1 x H100,
+// twenty-second). At C 512 and at decode (C 16) it lost, hence the range. Raises where swap is 1 and
+// the problem cannot (b not K-major, or cluster_m or tile_n set).
 constexpr int kSwappedGroupedMinRows = 128;
-int swapped_tile_rows(const GroupedGemmTuning& tuning, bool b_k_major, int64_t capacity, int64_t k, int64_t n,
+int swapped_tile_rows(const GroupedGemmTuning& tuning, bool b_k_major, int64_t capacity,
                       const char* op = "grouped_gemm");
 
 // Raises unless every setting is one grouped_gemm has (op: the name errors give).

@@ -43,8 +43,10 @@ void launch(const GroupedGemmProblem& p, const TensorView& a, const TensorView& 
 
 // out[g]^T = b[g]^T a[g]^T: b[g] (K-major, so [N, K] row-major) is the engine's A, 128 of N per tile
 // row; a[g] its B, a group's rows across kTileRows-wide tiles (SwappedGroupedOrder), kClusterN of
-// them one cluster, which multicasts each slice of b[g] to all. Cooperative: each consumer warpgroup
-// holds 64 x kTileRows accumulators.
+// them one cluster, which multicasts each slice of b[g] to all. Ping-pong: each consumer warpgroup
+// holds a whole 128 x kTileRows tile and stores it while the other's wgmmas run (at K 2048 the
+// cooperative tile's epilogue, which nothing overlapped, cost 10-15%: bench/results/NOTES.md,
+// twenty-second session).
 template <class Element, int kTileRows, int kClusterN>
 void launch_swapped(const GroupedGemmProblem& p, const TensorView& a, const TensorView& b, const TensorView& out,
                     const SwappedGroupedOrder::Params& order, int32_t tiles, cudaStream_t stream, int num_sms) {
@@ -72,7 +74,7 @@ void grouped_gemm(const TensorView& a, const TensorView& b, const TensorView& ou
   const GroupedGemmProblem p = check_grouped_gemm_args(a, b, out, rows, device);
   // An empty problem runs nothing, whatever b's layout (its strides may not say one).
   const bool empty = p.groups == 0 || p.capacity == 0 || p.n == 0 || p.k == 0;
-  const int swapped_rows = swapped_tile_rows(tuning, p.b_k_major || empty, p.capacity, p.k, p.n);
+  const int swapped_rows = swapped_tile_rows(tuning, p.b_k_major || empty, p.capacity);
   tuning = resolved_grouped_gemm_tuning(tuning, p.capacity);
   require_hopper(device, "grouped_gemm");
   const GroupedOrder::Params order = checked_grouped_order(p, tuning, static_cast<const int32_t*>(rows.data));

@@ -76,7 +76,7 @@ void moe_dispatch_gemm(Group& group, MoeHandle& handle, const TensorView& x, con
              ": out overlaps x, topk_idx or topk_weights, which the copiers read while the GEMM writes out; they "
              "must be separate memory");
     require_hopper(group.device(), op);
-    swapped = swapped_tile_rows(tuning, p.b_k_major, p.capacity, p.k, p.n, op) != 0;
+    swapped = swapped_tile_rows(tuning, p.b_k_major, p.capacity, op) != 0;
     tuning = resolved_grouped_gemm_tuning(tuning, p.capacity, op);
     const int32_t* counts = static_cast<const int32_t*>(rows.data);
     if (swapped) {
