@@ -155,7 +155,8 @@ def grouped_gemm(a, b, out, rows, *, stream=None, cluster_m=0, tile_n=0, swap=No
     past rows[g] are left as they are. Rows and group strides 16-byte aligned (K and N multiples of 8);
     out may not overlap a, b or rows. Stream-ordered and CUDA-graph capturable. tile_n: 128 (128 x 128
     tiles, ping-pong) or 256 (128 x 256, cooperative); cluster_m, 1 or 2, is how many CTAs share each
-    load of b[g]; 0: automatic (tile_n 256 and cluster_m 1 where C <= 384, else 128 and 2). swap: True
+    load of b[g]; 0: automatic (tile_n 256 and cluster_m 1 where C <= 384, else 128 and 2, or on a GPU
+    of little HBM bandwidth per SM, an H100, 256 and 2). swap: True
     computes out[g]^T = b[g]^T a[g]^T instead, a group's rows across 160-wide tiles and 128 of N down
     them, two such tiles one cluster that reads each slice of b[g] once (b K-major only; cluster_m and
     tile_n left 0); None: where b is K-major and 128 < C <= 320, with the other settings automatic

@@ -97,10 +97,12 @@ TEST(GemmTilePlan, NarrowTilesOnlyWhereWideOnesFillTheLastWavePoorly) {
 
 TEST(GemmTilePlan, AutomaticScheduleIsPingpongUnlessHbmIsLean) {
   constexpr double kH100 = 3.35e12 / 132, kH200 = 4.8e12 / 132;
-  for (int64_t m : {1, 2048, 8192, 32768}) {
-    const GemmSchedule s = automatic_gemm_schedule(m, 28672, 8192, kH200);
-    EXPECT_TRUE(s.pingpong) << m;
-    EXPECT_EQ(s.band_m, 8) << m;
+  for (double hbm : {kH200, 0.0}) {  // well fed, or not known
+    for (int64_t m : {1, 2048, 8192, 32768}) {
+      const GemmSchedule s = automatic_gemm_schedule(m, 28672, 8192, hbm);
+      EXPECT_TRUE(s.pingpong) << m << " " << hbm;
+      EXPECT_EQ(s.band_m, 8) << m << " " << hbm;
+    }
   }
   // Lean: ping-pong in bands of 2 below 1e12 flop, cooperative in bands of 8 from there.
   for (auto [m, n, k] : {std::array<int64_t, 3>{1, 28672, 8192}, {8192, 14336, 4096}, {4096, 8192, 8192}}) {

@@ -240,12 +240,22 @@ TEST(GroupedGemmTuning, TheSwappedProblemWhereTwoOfItsTilesCoverC) {
 }
 
 // The automatic tiles: 128 x 256 without pairs where a group has at most three tile rows (C <= 384),
-// pairs of 128 x 128 elsewhere; a setting given is kept, and an automatic cluster_m follows tile_n.
+// pairs of 128 x 128 elsewhere, or on a GPU lean on HBM pairs of 128 x 256; a setting given is kept,
+// and an automatic cluster_m follows tile_n.
+constexpr double kH100 = 3.35e12 / 132, kH200 = 4.8e12 / 132;
 TEST(GroupedGemmTuning, AutomaticSettingsFollowTheCapacity) {
-  auto resolved = [](int cluster_m, int tile_n, int64_t capacity) {
-    const GroupedGemmTuning t = resolved_grouped_gemm_tuning(GroupedGemmTuning{cluster_m, tile_n}, capacity);
+  auto resolved = [](int cluster_m, int tile_n, int64_t capacity, double hbm = kH200) {
+    const GroupedGemmTuning t = resolved_grouped_gemm_tuning(GroupedGemmTuning{cluster_m, tile_n}, capacity, hbm);
     return std::pair{t.cluster_m, t.tile_n};
   };
+  for (double hbm : {kH200, 0.0}) {  // well fed, or not known
+    EXPECT_EQ(resolved(0, 0, 385, hbm), (std::pair{2, 128})) << hbm;
+  }
+  EXPECT_EQ(resolved(0, 0, 385, kH100), (std::pair{2, 256}));  // lean: pairs of wide tiles
+  EXPECT_EQ(resolved(0, 0, 4096, kH100), (std::pair{2, 256}));
+  EXPECT_EQ(resolved(0, 0, 384, kH100), (std::pair{1, 256}));  // at most three tile rows: as elsewhere
+  EXPECT_EQ(resolved(0, 128, 4096, kH100), (std::pair{2, 128}));  // a setting given: the rule as elsewhere
+  EXPECT_EQ(resolved(1, 0, 4096, kH100), (std::pair{1, 128}));
   EXPECT_EQ(resolved(0, 0, 16), (std::pair{1, 256}));
   EXPECT_EQ(resolved(0, 0, 384), (std::pair{1, 256}));
   EXPECT_EQ(resolved(0, 0, 385), (std::pair{2, 128}));
@@ -256,7 +266,7 @@ TEST(GroupedGemmTuning, AutomaticSettingsFollowTheCapacity) {
   EXPECT_NE(error_of([&] { resolved(3, 0, 64); }).find("grouped_gemm: cluster_m must be 0 (automatic), 1 or 2, got 3"),
             std::string::npos);
   EXPECT_NE(error_of([&] {
-              resolved_grouped_gemm_tuning(GroupedGemmTuning{0, 64}, 64, "moe_gemm_combine");
+              resolved_grouped_gemm_tuning(GroupedGemmTuning{0, 64}, 64, kH200, "moe_gemm_combine");
             }).find("moe_gemm_combine: tile_n must be 0 (automatic), 128 or 256, got 64"),
             std::string::npos);
 }

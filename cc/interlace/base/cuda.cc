@@ -1,5 +1,7 @@
 #include "interlace/base/cuda.h"
 
+#include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <string>
 
@@ -28,6 +30,24 @@ int require_gpus() {
   }
   IL_CUDA_CHECK(err);
   return count;
+}
+
+double hbm_bytes_per_sm(int device) {
+  constexpr int kCachedDevices = 64;
+  static std::atomic<double> known[kCachedDevices] = {};  // racing first calls store the same value
+  const bool cached = device >= 0 && device < kCachedDevices;
+  if (cached) {
+    const double bytes = known[device].load(std::memory_order_relaxed);
+    if (bytes > 0) return bytes;
+  }
+  int clock_khz = 0, bus_bits = 0, sms = 0;
+  IL_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device));
+  IL_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
+  IL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  if (clock_khz <= 0 || bus_bits <= 0 || sms <= 0) return 0;
+  const double bytes = 2.0 * clock_khz * 1e3 * bus_bits / 8 / sms;
+  if (cached) known[device].store(bytes, std::memory_order_relaxed);
+  return bytes;
 }
 
 void require_hopper(int device, const char* op) {

@@ -44,6 +44,12 @@ int require_gpus();
 // reallocation need; op names the caller.
 void require_hopper(int device, const char* op);
 
+// The GPU's peak HBM bandwidth per SM, bytes per second (memory clock x bus width, two transfers a
+// clock, over the SMs); 0 where the GPU does not say. Asked once per device: the memory clock is a
+// slow attribute (asked on every gemm call, it held small GEMMs to 52-320 TFLOP/s on an H100, the GPU
+// idle between launches; bench/results/NOTES.md, twenty-second session).
+double hbm_bytes_per_sm(int device);
+
 // Makes `device` current for its lifetime and then restores the caller's current device: library
 // calls never leave the caller on another GPU.
 class DeviceGuard {

@@ -1,7 +1,6 @@
 #include "interlace/gemm/gemm.h"
 
 #include <algorithm>
-#include <atomic>
 #include <type_traits>
 
 #include "interlace/base/cuda.h"
@@ -12,29 +11,6 @@
 
 namespace interlace {
 namespace {
-
-constexpr int kMaxDevices = 64;
-
-// The GPU's peak HBM bandwidth per SM, bytes per second (memory clock x bus width, two transfers a
-// clock); a GPU that does not say counts as well fed, with the schedule everywhere else. Asked once
-// per device: the memory clock is a slow attribute (asked on every call, it held small GEMMs to
-// 52-320 TFLOP/s on an H100, the GPU idle between launches; bench/results/NOTES.md, twenty-second
-// session). Racing first calls both ask and store the same value.
-double hbm_bytes_per_sm(int device, int num_sms) {
-  static std::atomic<double> known[kMaxDevices] = {};
-  const bool cached = device >= 0 && device < kMaxDevices;
-  if (cached) {
-    const double bytes = known[device].load(std::memory_order_relaxed);
-    if (bytes > 0) return bytes;
-  }
-  int clock_khz = 0, bus_bits = 0;
-  IL_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device));
-  IL_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
-  const double bytes = clock_khz > 0 && bus_bits > 0 ? 2.0 * clock_khz * 1e3 * bus_bits / 8 / std::max(num_sms, 1)
-                                                     : kLeanHbmBytesPerSm;
-  if (cached) known[device].store(bytes, std::memory_order_relaxed);
-  return bytes;
-}
 
 // One launch of the engine with Config and Epilogue on problem p, whose operands' data are a and b.
 template <class Config, class Epilogue>
@@ -110,7 +86,7 @@ void gemm(const TensorView& a, const TensorView& b, const TensorView& out, cudaS
   if (tuning.cluster_m == 0) tuning.cluster_m = p.m <= 128 ? 1 : 2;
   // Schedule and bands left automatic: the GPU's (automatic_gemm_schedule).
   if (swap_tile_n == 0 && tuning.band_m == 0 && tuning.tile_n == 0 && tuning.pingpong) {
-    const GemmSchedule schedule = automatic_gemm_schedule(p.m, p.n, p.k, hbm_bytes_per_sm(device, num_sms));
+    const GemmSchedule schedule = automatic_gemm_schedule(p.m, p.n, p.k, hbm_bytes_per_sm(device));
     tuning.pingpong = schedule.pingpong;
     tuning.band_m = schedule.band_m;
   }

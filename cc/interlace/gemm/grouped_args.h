@@ -23,7 +23,7 @@ struct GroupedGemmProblem {
 };
 
 // 0 means automatic (resolved_grouped_gemm_tuning: 128 x 256 tiles without pairs where C <= 384,
-// else 128 x 128 tiles in pairs).
+// else 128 x 128 tiles in pairs, or on a GPU lean on HBM 128 x 256 ones in pairs).
 struct GroupedGemmTuning {
   int cluster_m = 0;  // CTAs per cluster along M, 1 or 2 (2: a group's tile-row pairs share B through
                       // multicast)
@@ -61,8 +61,9 @@ int swapped_tile_rows(const GroupedGemmTuning& tuning, bool b_k_major, int64_t c
 // Raises unless every setting is one grouped_gemm has (op: the name errors give).
 void check_grouped_gemm_tuning(const GroupedGemmTuning& tuning, const char* op = "grouped_gemm");
 
-// The settings a launch with C = capacity rows per group takes: tuning's, automatic ones filled in.
-GroupedGemmTuning resolved_grouped_gemm_tuning(GroupedGemmTuning tuning, int64_t capacity,
+// The settings a launch with C = capacity rows per group takes on a GPU of hbm_bytes_per_sm
+// (hbm_bytes_per_sm in base/cuda.h; 0: unknown): tuning's, automatic ones filled in.
+GroupedGemmTuning resolved_grouped_gemm_tuning(GroupedGemmTuning tuning, int64_t capacity, double hbm_bytes_per_sm,
                                                const char* op = "grouped_gemm");
 
 // Calls f(b_k_major, cluster_m, tile_n), each a std::integral_constant, for resolved settings: the

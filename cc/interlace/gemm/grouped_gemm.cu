@@ -75,7 +75,7 @@ void grouped_gemm(const TensorView& a, const TensorView& b, const TensorView& ou
   // An empty problem runs nothing, whatever b's layout (its strides may not say one).
   const bool empty = p.groups == 0 || p.capacity == 0 || p.n == 0 || p.k == 0;
   const int swapped_rows = swapped_tile_rows(tuning, p.b_k_major || empty, p.capacity);
-  tuning = resolved_grouped_gemm_tuning(tuning, p.capacity);
+  tuning = resolved_grouped_gemm_tuning(tuning, p.capacity, hbm_bytes_per_sm(device));
   require_hopper(device, "grouped_gemm");
   const GroupedOrder::Params order = checked_grouped_order(p, tuning, static_cast<const int32_t*>(rows.data));
   int32_t swapped_tiles = 0;

@@ -37,7 +37,7 @@ int decode_swap_tile_n(int64_t m, int64_t n, int num_sms) {
 }
 
 GemmSchedule automatic_gemm_schedule(int64_t m, int64_t n, int64_t k, double hbm_bytes_per_sm) {
-  if (hbm_bytes_per_sm >= kLeanHbmBytesPerSm) return GemmSchedule{};
+  if (!lean_hbm(hbm_bytes_per_sm)) return GemmSchedule{};
   const double flop = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   return flop >= kLeanCooperativeFlop ? GemmSchedule{false, 8} : GemmSchedule{true, 2};
 }

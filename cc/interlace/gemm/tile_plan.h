@@ -40,6 +40,8 @@ int decode_swap_tile_n(int64_t m, int64_t n, int num_sms);
 // HBM bytes per second per SM below which a GPU counts as lean on memory (H100 SXM: 3.35 TB/s over 132
 // SMs, 25 GB/s an SM; H200: 4.8 TB/s, 36 GB/s).
 inline constexpr double kLeanHbmBytesPerSm = 30e9;
+// A GPU that does not say (0) counts as well fed: the schedules everywhere else.
+inline bool lean_hbm(double hbm_bytes_per_sm) { return hbm_bytes_per_sm > 0 && hbm_bytes_per_sm < kLeanHbmBytesPerSm; }
 
 // The plain GEMM's schedule where its tuning is left automatic (gemm.cu).
 struct GemmSchedule {

@@ -77,7 +77,7 @@ void moe_dispatch_gemm(Group& group, MoeHandle& handle, const TensorView& x, con
              "must be separate memory");
     require_hopper(group.device(), op);
     swapped = swapped_tile_rows(tuning, p.b_k_major, p.capacity, op) != 0;
-    tuning = resolved_grouped_gemm_tuning(tuning, p.capacity, op);
+    tuning = resolved_grouped_gemm_tuning(tuning, p.capacity, hbm_bytes_per_sm(group.device()), op);
     const int32_t* counts = static_cast<const int32_t*>(rows.data);
     if (swapped) {
       swapped_order = checked_swapped_order(p, kSwappedGroupedRows, counts, &swapped_tiles);

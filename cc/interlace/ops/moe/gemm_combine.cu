@@ -55,7 +55,8 @@ void moe_gemm_combine(Group& group, MoeHandle& handle, const TensorView& act, co
     require_hopper(group.device(), "moe_gemm_combine");
     IL_CHECK(tuning.swap != 1, "moe_gemm_combine: its epilogue sends rows home, which the swapped problem's "
              "transposed tiles do not hold; swap must stay 0");
-    tuning = resolved_grouped_gemm_tuning(tuning, p.capacity, "moe_gemm_combine");
+    tuning = resolved_grouped_gemm_tuning(tuning, p.capacity, hbm_bytes_per_sm(group.device()),
+                                          "moe_gemm_combine");
     order = checked_grouped_order(p, tuning, static_cast<const int32_t*>(rows.data), "moe_gemm_combine");
     // Every CTA waits for the others in its last phase: no more than fit at once, and one barrier
     // word each. Not part of the signature: ranks may differ (another process's SMs), harmlessly.
