@@ -1,6 +1,5 @@
 #include "interlace/base/cuda.h"
 
-#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <string>

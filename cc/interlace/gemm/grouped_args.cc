@@ -70,18 +70,18 @@ GroupedGemmTuning resolved_grouped_gemm_tuning(GroupedGemmTuning tuning, int64_t
   check_grouped_gemm_tuning(tuning, op);
   // On a GPU lean on memory (an H100 at its power cap), pairs of 128 x 128 tiles fall behind where
   // groups have more than three tile rows, as the plain GEMM's ping-pong tiles do: pairs of 128 x
-  // 256 cooperative ones ran the Mixtral-like shapes 1.02-1.58x faster at 0.8 C and full groups
-  // (0.84-1.03x at C / 8; 1 x H100, bench/results/NOTES.md, twenty-second session).
+  // 256 cooperative ones ran the Mixtral-like shapes 1.0-1.6x faster at 0.8 C and full groups
+  // (0.84-1.06x at C / 8; two runs on 1 x H100, bench/results/NOTES.md, twenty-second session).
   if (lean_hbm(hbm_bytes_per_sm) && capacity > 3 * 128 && tuning.tile_n == 0 && tuning.cluster_m == 0) {
     tuning.tile_n = 256;
     tuning.cluster_m = 2;
     return tuning;
   }
-  // Elsewhere, measured on H200 (bench/results/NOTES.md). With many tile rows per group, pairs of them sharing
-  // each load of b[g] (128 x 128 tiles) took the MoE shapes from 0.65-0.8x to about parity with
-  // cuBLAS. With at most three (C <= 384: decode, many experts of a few hundred rows), a pair's
-  // second CTA often gets a tile row past the rows and multiplies zeros; 128 x 256 tiles without
-  // pairs, which load half the b per flop, were 1.2-1.4x faster there (C = 320, 16).
+  // Elsewhere, measured on H200 (bench/results/NOTES.md). With many tile rows per group, pairs of
+  // them sharing each load of b[g] (128 x 128 tiles) took the MoE shapes from 0.65-0.8x to about
+  // parity with cuBLAS. With at most three (C <= 384: decode, many experts of a few hundred rows), a
+  // pair's second CTA often gets a tile row past the rows and multiplies zeros; 128 x 256 tiles
+  // without pairs, which load half the b per flop, were 1.2-1.4x faster there (C = 320, 16).
   if (tuning.tile_n == 0) tuning.tile_n = capacity <= 3 * 128 ? 256 : 128;
   if (tuning.cluster_m == 0) tuning.cluster_m = tuning.tile_n == 128 && capacity > 128 ? 2 : 1;
   return tuning;
