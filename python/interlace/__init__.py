@@ -156,13 +156,12 @@ def grouped_gemm(a, b, out, rows, *, stream=None, cluster_m=0, tile_n=0, swap=No
     out may not overlap a, b or rows. Stream-ordered and CUDA-graph capturable. tile_n: 128 (128 x 128
     tiles, ping-pong) or 256 (128 x 256, cooperative); cluster_m, 1 or 2, is how many CTAs share each
     load of b[g]; 0: automatic (tile_n 256 and cluster_m 1 where C <= 384, else 128 and 2, or on a GPU
-    of little HBM bandwidth per SM, an H100, 256 and 2). swap: True
-    computes out[g]^T = b[g]^T a[g]^T instead, a group's rows across 160-wide tiles and 128 of N down
-    them, two such tiles one cluster that reads each slice of b[g] once (b K-major only; cluster_m and
-    tile_n left 0); None: where b is K-major and 128 < C <= 320, with the other settings automatic
-    (there 128-row tiles take two or three CTAs, each reading b[g] again); False: never. Where most
-    groups have about C / 8 rows, the two run level. Raises interlace.Error before any GPU work on bad
-    arguments."""
+    of little HBM bandwidth per SM, an H100, 256 and 2). swap: True computes out[g]^T = b[g]^T a[g]^T
+    instead, a group's rows across 160-wide tiles and 128 of N down them, two such tiles one cluster
+    that reads each slice of b[g] once (b K-major only; cluster_m and tile_n left 0); None: where b is
+    K-major and 128 < C <= 320, with the other settings automatic (there 128-row tiles take two or
+    three CTAs, each reading b[g] again); False: never. Where most groups have about C / 8 rows, the
+    two run level. Raises interlace.Error before any GPU work on bad arguments."""
     if _frameworks.is_jax(out):
         raise TypeError("JAX arrays are immutable: interlace.grouped_gemm writes into out")
     swap = _swap_code("grouped_gemm", swap)

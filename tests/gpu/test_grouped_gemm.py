@@ -147,8 +147,8 @@ def test_every_cluster_variant(tuning, g, c, k, n, dtype):
 
 # The swapped problem (swap=True: b K-major, a group's rows across 160-wide tiles), which runs
 # automatically where 128 < C <= 320 (here (2, 129, ...), (8, 256, ...), (5, 300, ...), (4, 320, ...),
-# (128, 320, ...) and (128, 257, ...); the other automatic cases check the rule's other side): C from one row to past three
-# tiles, N and K with tails, many groups.
+# (128, 320, ...) and (128, 257, ...); the other automatic cases check the rule's other side): C from
+# one row to past three tiles, N and K with tails, many groups.
 SWAPPED_SHAPES = [(1, 1, 8, 8, BF16), (3, 100, 1000, 136, FP16), (2, 129, 7168, 520, BF16), (8, 256, 64, 2048, FP16),
                   (5, 300, 1000, 136, BF16), (4, 320, 7168, 2048, BF16), (128, 320, 64, 8, FP16),
                   (128, 257, 1000, 136, BF16), (2, 500, 200, 264, BF16)]

@@ -42,24 +42,22 @@ void launch(const GroupedGemmProblem& p, const TensorView& a, const TensorView& 
 }
 
 // out[g]^T = b[g]^T a[g]^T: b[g] (K-major, so [N, K] row-major) is the engine's A, 128 of N per tile
-// row; a[g] its B, a group's rows across kTileRows-wide tiles (SwappedGroupedOrder), kClusterN of
-// them one cluster, which multicasts each slice of b[g] to all. Ping-pong: each consumer warpgroup
-// holds a whole 128 x kTileRows tile and stores it while the other's wgmmas run (at K 2048 the
-// cooperative tile's epilogue, which nothing overlapped, cost 10-15%: bench/results/NOTES.md,
+// row; a[g] its B, a group's rows across kSwappedGroupedRows-wide tiles (SwappedGroupedOrder),
+// kSwappedGroupedClusterN of them one cluster, which multicasts each slice of b[g] to all. Ping-pong:
+// each consumer warpgroup holds a whole tile and stores it while the other's wgmmas run (at K 2048
+// the cooperative tile's epilogue, which nothing overlapped, cost 10-15%: bench/results/NOTES.md,
 // twenty-second session).
-template <class Element, int kTileRows, int kClusterN>
+template <class Element>
 void launch_swapped(const GroupedGemmProblem& p, const TensorView& a, const TensorView& b, const TensorView& out,
                     const SwappedGroupedOrder::Params& order, int32_t tiles, cudaStream_t stream, int num_sms) {
-  using Config = gemm_engine::Sm90GemmConfig<Element, /*kBKMajor=*/true, kTileRows, /*kClusterM=*/1,
-                                             /*kPingpong=*/true, /*kTileM=*/128, kClusterN>;
-  static_assert(Config::kTileM == SwappedGroupedOrder::kTileM, "the order counts the engine's tiles");
+  using Config = gemm_engine::SwappedGroupedConfig<Element>;
   using Epilogue = gemm_engine::SwappedGroupedStore<Element>;
   using Params = gemm_engine::GemmParams<Config, SwappedGroupedOrder, gemm_engine::NoInputWait, Epilogue>;
   constexpr auto kernel = gemm_engine::sm90_gemm_kernel<Config, SwappedGroupedOrder, gemm_engine::NoInputWait, Epilogue>;
   Params params{};
   gemm_engine::set_swapped_grouped_problem<Config>(params, p, a.data, b.data, order, tiles);
   params.epilogue = {static_cast<Element*>(out.data), p.ldc, p.group_out, order};
-  const int ctas = std::min(params.num_tiles, num_sms / kClusterN) * kClusterN;
+  const int ctas = std::min(params.num_tiles, num_sms / Config::kClusterN) * Config::kClusterN;
   gemm_engine::launch_kernel<Config>(kernel, params, ctas, stream);
 }
 
@@ -95,8 +93,7 @@ void grouped_gemm(const TensorView& a, const TensorView& b, const TensorView& ou
                                                           static_cast<int32_t>(p.n));
       IL_CUDA_CHECK(cudaGetLastError());
     } else if (swapped_rows != 0) {
-      launch_swapped<Element, kSwappedGroupedRows, kSwappedGroupedClusterN>(p, a, b, out, swapped_order,
-                                                                          swapped_tiles, stream, num_sms);
+      launch_swapped<Element>(p, a, b, out, swapped_order, swapped_tiles, stream, num_sms);
     } else {
       with_grouped_tiling(p.b_k_major, tuning, [&](auto b_k_major, auto cluster, auto tile_n) {
         launch<Element, b_k_major, cluster, tile_n>(p, a, b, out, order, stream, num_sms);

@@ -4,10 +4,19 @@
 
 #include <cstdint>
 
+#include "interlace/gemm/grouped_args.h"
 #include "interlace/gemm/grouped_order.h"
 #include "interlace/gemm/hooks.cuh"
+#include "interlace/gemm/sm90_config.cuh"
 
 namespace interlace::gemm_engine {
+
+// The swapped problem's engine (grouped_gemm.cu's launch_swapped, and the fused ops that swap where
+// it does): b[g] K-major as the engine's A, 128 of N down each ping-pong tile, a group's rows across
+// kSwappedGroupedRows-wide ones, kSwappedGroupedClusterN of them one cluster along N.
+template <class Element>
+using SwappedGroupedConfig = Sm90GemmConfig<Element, /*kBKMajor=*/true, kSwappedGroupedRows, /*kClusterM=*/1,
+                                            /*kPingpong=*/true, SwappedGroupedOrder::kTileM, kSwappedGroupedClusterN>;
 
 // StoreTile into the tile's group: out[g] at g * group_stride, rows past the group's count left alone.
 template <class Element>

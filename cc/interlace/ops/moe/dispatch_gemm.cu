@@ -33,9 +33,8 @@ struct Variant {
 template <bool kBKMajor, int kClusterM, int kTileN>
 using Tiled = Variant<gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, /*kPingpong=*/kTileN == 128>,
                       GroupedOrder, gemm_engine::GroupedStore<Element>>;
-using Swapped = Variant<gemm_engine::Sm90GemmConfig<Element, /*kBKMajor=*/true, kSwappedGroupedRows, /*kClusterM=*/1,
-                                                    /*kPingpong=*/true, /*kTileM=*/128, kSwappedGroupedClusterN>,
-                        SwappedGroupedOrder, gemm_engine::SwappedGroupedStore<Element>>;
+using Swapped =
+    Variant<gemm_engine::SwappedGroupedConfig<Element>, SwappedGroupedOrder, gemm_engine::SwappedGroupedStore<Element>>;
 
 template <class F>
 void with_variant(bool b_k_major, bool swapped, const GroupedGemmTuning& tuning, F&& f) {
