@@ -6,7 +6,10 @@
 //   Epilogue::store(params, accum, ...)     consumers, with a finished tile in registers (with
 //                                           GemmParams::k_runs, one run of K's partial: k_run): e.g.
 //                                           store it into another GPU's memory, add it into a staging
-//                                           buffer, raise a flag.
+//                                           buffer, raise a flag. An epilogue with kSharedBytes
+//                                           gets that much shared memory as a last argument
+//                                           (char*, 128-byte aligned; the Config's kEpilogueBytes):
+//                                           e.g. to turn a tile around before storing it.
 //   Phases::begin(params) -> bool          every thread of every CTA, first: e.g. the op handshake;
 //                                           false stops the CTA (and its cluster)
 //   Phases::helpers(params, i, count)      the producer warpgroup's idle warps (threads i of count),
@@ -24,8 +27,10 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cute/tensor.hpp"
+#include "cutlass/arch/barrier.h"
 #include "cutlass/array.h"
 #include "cutlass/numeric_conversion.h"
 
@@ -34,6 +39,13 @@ namespace interlace::gemm_engine {
 // The producer warpgroup's threads: 0 .. kProducerThreads - 1 of every CTA; the consumer warpgroups'
 // follow. Phases::end runs on both; without kEndRegisters the producer's keep only 40 registers.
 constexpr int kProducerThreads = 128;
+
+// An epilogue's staging area in shared memory (Epilogue::kSharedBytes), 0 without one.
+template <class Epilogue, class = void>
+struct EpilogueSharedBytes : std::integral_constant<int, 0> {};
+template <class Epilogue>
+struct EpilogueSharedBytes<Epilogue, std::void_t<decltype(Epilogue::kSharedBytes)>>
+    : std::integral_constant<int, Epilogue::kSharedBytes> {};
 
 struct NoPhases {
   struct Params {};
@@ -48,6 +60,21 @@ struct NoInputWait {
   struct Params {};
   __device__ static bool wait(const Params&, int /*m_idx*/, int /*n_idx*/) { return false; }
 };
+
+// The consumer threads of one tile meet (an epilogue's named barrier; kThreads: the tile's, 128 for
+// ping-pong's warpgroup, 256 for cooperative's two). Named barriers 8 and 9 (CUTLASS's user ids 0
+// and 1): the engine's pipelines and turn-taking use mbarriers only, and the copier CTAs, which use
+// __syncthreads, run no epilogue. In ping-pong the warpgroups store different tiles, so each has its
+// own id. Constant ids, so that ptxas reserves only these two.
+template <int kThreads>
+__device__ __forceinline__ void tile_barrier() {
+  static_assert(kThreads == 128 || kThreads == 256, "a tile's consumers are one or two warpgroups");
+  if (kThreads == 256 || threadIdx.x < 256) {
+    cutlass::arch::NamedBarrier::sync(kThreads, 0);  // cooperative, or ping-pong's consumer 0 (threads 128-255)
+  } else {
+    cutlass::arch::NamedBarrier::sync(kThreads, 1);  // ping-pong's consumer 1 (threads 256-383)
+  }
+}
 
 // Converts the fp32 accumulators to Element and writes them to out[M, N] (row stride ldc), pairs of
 // adjacent columns at a time, skipping what lies past M or N.

@@ -83,8 +83,11 @@ struct WithAtom<Built, void, AtomLayout> {
 // kTileM_: 128, or 64 for ping-pong (one warpgroup's m64 wgmmas: the swapped decode GEMM, gemm.cu).
 // kClusterN_: CTAs per cluster along N; with 2, the pair shares each A slice through TMA multicast
 // (the swapped grouped GEMM's two row tiles of one weight tile, grouped_gemm.cu).
+// kEpilogueBytes_: shared memory, carved out of the stages, that the epilogue stages a finished tile
+// in (its kSharedBytes; hooks.cuh). One area serves both warpgroups: cooperative ones store the same
+// tile, and ping-pong ones take turns at the epilogue.
 template <class Element_, bool kBKMajor_, int kTileN_ = 256, int kClusterM_ = 1, bool kPingpong_ = false,
-          int kTileM_ = 128, int kClusterN_ = 1>
+          int kTileM_ = 128, int kClusterN_ = 1, int kEpilogueBytes_ = 0>
 struct Sm90GemmConfig {
   using Element = Element_;
   static constexpr bool kBKMajor = kBKMajor_;
@@ -114,11 +117,14 @@ struct Sm90GemmConfig {
   using LayoutA = cutlass::layout::RowMajor;
   using LayoutB = std::conditional_t<kBKMajor, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
 
-  // The epilogue writes from registers, so the mainloop may take all of shared memory for stages.
+  static constexpr int kEpilogueBytes = kEpilogueBytes_;
+  // The epilogue writes from registers or its own area, so the mainloop takes the rest for stages
+  // (the area's 128-byte alignment may cost up to 128 bytes more).
+  static constexpr int kCarveout = static_cast<int>(sizeof(cutlass::OrderedSequenceBarrier<2, 2>::SharedStorage)) +
+                                   (kEpilogueBytes_ > 0 ? kEpilogueBytes_ + 128 : 0);
   using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, 8, Element, LayoutB, 8, float, TileShape,
-      ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<sizeof(cutlass::OrderedSequenceBarrier<2, 2>::SharedStorage)>,
+      ClusterShape, cutlass::gemm::collective::StageCountAutoCarveout<kCarveout>,
       typename Schedule::Cutlass>::CollectiveOp;
   static_assert(std::is_void_v<typename WideAtom<Element, kTileN_>::type> || kBKMajor_,
                 "the wide wgmmas are SS with both operands K-major");
@@ -146,10 +152,16 @@ struct Sm90GemmConfig {
   static_assert(kEvenRegisters % 8 == 0, "setmaxnreg takes multiples of 8");
   static_assert(kEvenRegisters * kThreads <= 65536, "the split must fit the SM's register file");
 
-  struct SharedStorage {
+  struct PipelineStorage {
     typename Mainloop::SharedStorage mainloop;
     alignas(16) typename MathOrder::SharedStorage math_order;
   };
+  template <int kBytes>
+  struct StagedStorage : PipelineStorage {
+    alignas(128) char epilogue[kBytes];
+  };
+  using SharedStorage = std::conditional_t<kEpilogueBytes_ == 0, PipelineStorage, StagedStorage<kEpilogueBytes_>>;
+  static_assert(sizeof(SharedStorage) <= 227 * 1024, "the stages and the epilogue's area outgrew shared memory");
 };
 
 }  // namespace interlace::gemm_engine

@@ -226,6 +226,8 @@ __device__ __forceinline__ void run_consumer(const Params& params, typename Conf
                                              typename Config::MathOrder& math_order, int k_tiles, int group) {
   using namespace cute;
   using Schedule = typename Config::Schedule;
+  static_assert(EpilogueSharedBytes<Epilogue>::value == Config::kEpilogueBytes,
+                "the Config carves out the epilogue's staging area (kEpilogueBytes), no more, no less");
   typename Config::Mainloop mainloop;
   typename Config::TiledMma tiled_mma;
   typename Config::PipelineState state;
@@ -261,8 +263,13 @@ __device__ __forceinline__ void run_consumer(const Params& params, typename Conf
     mainloop.mma_tail(pipeline, state, k_tiles);
     state.advance(Schedule::kWalkers * k_tiles);
     if constexpr (Schedule::kTakeTurns) math_order.wait();  // my turn at the epilogue
-    Epilogue::template store<typename Config::TileShape>(params.epilogue, accum, tiled_mma, mma_thread_idx, m_idx,
-                                                         n_idx, k_run, params.m, params.n);
+    if constexpr (Config::kEpilogueBytes > 0) {
+      Epilogue::template store<typename Config::TileShape>(params.epilogue, accum, tiled_mma, mma_thread_idx, m_idx,
+                                                           n_idx, k_run, params.m, params.n, shared.epilogue);
+    } else {
+      Epilogue::template store<typename Config::TileShape>(params.epilogue, accum, tiled_mma, mma_thread_idx, m_idx,
+                                                           n_idx, k_run, params.m, params.n);
+    }
     if constexpr (Schedule::kTakeTurns) math_order.arrive();
   }
 }

@@ -301,19 +301,6 @@ struct GemmRsEpilogue {
     return i / kVector * kThreads + thread;
   }
 
-  // The tile's consumer threads meet. Named barriers 8 and 9 (CUTLASS's user ids 0 and 1): the
-  // engine's pipelines and turn-taking use mbarriers only, and the copier CTAs, which use
-  // __syncthreads, run no epilogue. In ping-pong the warpgroups store different tiles, so each has
-  // its own id. Constant ids, so that ptxas reserves only these two.
-  template <int kThreads>
-  __device__ __forceinline__ static void tile_barrier() {
-    if (kThreads == 256 || threadIdx.x < 256) {
-      cutlass::arch::NamedBarrier::sync(kThreads, 0);  // cooperative, or ping-pong's consumer 0 (threads 128-255)
-    } else {
-      cutlass::arch::NamedBarrier::sync(kThreads, 1);  // ping-pong's consumer 1 (threads 256-383)
-    }
-  }
-
   // accum is not const: with runs of K, the last run adds the earlier runs' partials into it.
   template <class TileShape, class Accumulators, class TiledMma>
   __device__ __forceinline__ static void store(const Params& p, Accumulators& accum, const TiledMma& tiled_mma,
@@ -402,7 +389,7 @@ struct GemmRsEpilogue {
         *reinterpret_cast<float2*>(staged + row * kTileN + col) = make_float2(accum(i), accum(i + 1));
       }
     }
-    tile_barrier<kThreads>();
+    gemm_engine::tile_barrier<kThreads>();
     if (thread_idx != 0) return;
     const uint64_t number = gemm_rs_detail::op_number(t);
     GemmRsFlags& f = gemm_rs_detail::flags<kOp>(t);
@@ -425,7 +412,7 @@ struct GemmRsEpilogue {
     float4* run = reinterpret_cast<float4*>(t.heaps[t.local_rank] + p.staging +
                                             p.plan.run_staging_offset(m_idx, n_idx, k_run));
     store_fragments<kThreads>(run, accum, tile_coords, thread_idx, rows_in_tile, cols_in_tile);
-    tile_barrier<kThreads>();
+    gemm_engine::tile_barrier<kThreads>();
     if (thread_idx == 0) {  // a flag for this GPU's own CTAs: a GPU-scope fence is enough
       __threadfence();
       device::store_release_gpu(&gemm_rs_detail::flags<kOp>(t).flag[p.plan.run_flag(m_idx, n_idx, k_run)],
@@ -450,7 +437,7 @@ struct GemmRsEpilogue {
       device::wait_until</*kFromPeer=*/false>(flag, gemm_rs_detail::op_number(t), p.wait, FlagId::kPartial,
                                               t.local_rank);
     }
-    tile_barrier<kThreads>();  // the waiters' acquires, then everyone's loads
+    gemm_engine::tile_barrier<kThreads>();  // the waiters' acquires, then everyone's loads
     for (int32_t r = 0; r < earlier; ++r) {
       const float4* run = reinterpret_cast<const float4*>(t.heaps[t.local_rank] + p.staging +
                                                           plan.run_staging_offset(m_idx, n_idx, r));
@@ -491,7 +478,7 @@ struct GemmRsEpilogue {
       t.wait(&gemm_rs_detail::flags<kOp>(t).flag[plan.partial_slot(me, thread_idx, m_idx, n_idx)], number, p.wait,
              FlagId::kPartial, thread_idx);
     }
-    tile_barrier<kThreads>();  // the waiters' acquires, then everyone's loads
+    gemm_engine::tile_barrier<kThreads>();  // the waiters' acquires, then everyone's loads
     // fp32 partials only (GemmRsPartials::kFp32): partials in the input dtype would have to round
     // this rank's registers too, as its peers' partials were, to keep the reducers' bits.
     const float4* staged =
@@ -566,7 +553,7 @@ struct GemmRsEpilogue {
       }
     }
     if (broadcast) {
-      tile_barrier<kThreads>();  // every thread's stores issued; thread q raises peer q's flag after a fence
+      gemm_engine::tile_barrier<kThreads>();  // every thread's stores issued; thread q raises peer q's flag after a fence
       if (thread_idx < world && thread_idx != me) {
         t.signal(thread_idx, &gemm_rs_detail::flags<kOp>(t).flag[plan.reduced_flag(m_idx, n_idx)],
                  gemm_rs_detail::op_number(t));
@@ -710,7 +697,7 @@ struct GemmRsPhases {
     static_assert(kValues % 64 == 0, "landing tiles go in rounds of 8 16-byte vectors");
     __shared__ int failed[kGroups];  // only ever set, and the group stops at once
     if (thread == 0) failed[group] = 0;
-    Epilogue::template tile_barrier<kThreads>();
+    gemm_engine::tile_barrier<kThreads>();
     const uint64_t number = op_number(t);
     GemmRsFlags& f = flags<kOp>(t);
     Element* out = static_cast<Element*>(p.out);
@@ -722,7 +709,7 @@ struct GemmRsPhases {
                                 plan.rows.first_owner(m_idx)) == 0) {
         failed[group] = 1;
       }
-      Epilogue::template tile_barrier<kThreads>();  // thread 0's acquire, then everyone's loads
+      gemm_engine::tile_barrier<kThreads>();  // thread 0's acquire, then everyone's loads
       if (failed[group]) return;
       const Vector* tile = reinterpret_cast<const Vector*>(t.heaps[t.local_rank] + p.landing +
                                                            landing_offset(plan, m_idx, n_idx, sizeof(Element)));
@@ -757,7 +744,7 @@ struct GemmRsPhases {
         }
       }
       // Every thread has read failed[group] before thread 0 may set it for the next tile.
-      Epilogue::template tile_barrier<kThreads>();
+      gemm_engine::tile_barrier<kThreads>();
     }
   }
 };
