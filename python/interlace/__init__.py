@@ -402,8 +402,8 @@ def moe_gemm_combine(act, w, handle, group, *, out, stream=None, cluster_m=0, ti
     """The experts' second FFN matmul fused with moe_combine, in one launch: for each local expert l and
     each row r it kept in moe_dispatch(..., handle), act[l C + r] @ w[l] is computed and sent straight
     from the GEMM's epilogue to its token's home rank, where out [T, hidden] bf16 is then summed as
-    moe_combine sums it. The same bits as grouped_gemm(swap=False) into an expert_out followed by
-    moe_combine.
+    moe_combine sums it. The same bits as grouped_gemm (with the same cluster_m and tile_n, so the same
+    swap) into an expert_out followed by moe_combine.
     act: [recv_rows, F] bf16 in expert_x's layout (F: the FFN width); w: [L, F, hidden] bf16 (Linear
     weights [L, hidden, F] go in as w.transpose(1, 2)). The handle's capacity_kind must be
     "per_expert". cluster_m and tile_n as grouped_gemm's. Collective, stream-ordered, graph-capturable; raises

@@ -483,14 +483,14 @@ def fused_reference(case, row_of, ffn):
 
 
 def check_fused(group, case, handle, row_of, ffn, k_major=True, stream=None, **tuning):
-    """moe_gemm_combine (tuning: cluster_m, tile_n) against grouped_gemm + moe_combine (bit for bit)
-    and the fp32 reference."""
+    """moe_gemm_combine (tuning: cluster_m, tile_n) against grouped_gemm + moe_combine (bit for bit;
+    both swap where grouped_gemm's rule says so) and the fp32 reference."""
     L, C = case.local, case.capacity
     act, w = fused_inputs(case, RANK, torch.from_dlpack(handle.expert_rows).cpu(), ffn)
     act, b = act.cuda(), as_b(w.cuda(), k_major)
     expert_out = torch.full((handle.recv_rows, case.hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
     interlace.grouped_gemm(act.view(L, C, -1), b, expert_out.view(L, C, -1), torch.from_dlpack(handle.expert_rows),
-                           swap=False)
+                           **tuning)
     want = new_out(case)
     interlace.moe_combine(expert_out, handle, group, out=want)
     out = new_out(case)
@@ -542,6 +542,15 @@ def scenario_gemm_combine():
             for tile_n in (128, 256):
                 check_fused(group, case, handle, case.layout()[0], 200, cluster_m=cluster_m, tile_n=tile_n)
 
+    # Experts of about 256 rows (128 < C <= 320): the swapped problem, w K-major (each slot a tile
+    # column, stored home element by element), and w N-contiguous (unswapped) beside it.
+    swapped = Case("fused swapped, C about 256", 8 * WORLD, 4, 264, 512, route_random, seed=75)
+    _, handle = dispatch(group, swapped)
+    torch.cuda.synchronize()
+    assert 128 < swapped.capacity <= 320, swapped.capacity
+    for k_major in (True, False):
+        check_fused(group, swapped, handle, swapped.layout()[0], 200, k_major=k_major)
+
     # Dropped slots (a capacity below the routing's need) add nothing, as in moe_combine.
     over = Case("fused overflow", 4 * WORLD, 2, 256, 96, route_zipf, capacity=lambda need: max(need // 3, 1), seed=74)
     _, handle = dispatch(group, over)
@@ -558,8 +567,7 @@ def scenario_gemm_combine():
     act, w = fused_inputs(case, RANK, torch.from_dlpack(handle.expert_rows).cpu(), 136)
     act, b = act.cuda(), as_b(w.cuda(), True)
     expert_out = torch.full((handle.recv_rows, case.hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
-    interlace.grouped_gemm(act.view(L, C, -1), b, expert_out.view(L, C, -1), torch.from_dlpack(handle.expert_rows),
-                           swap=False)
+    interlace.grouped_gemm(act.view(L, C, -1), b, expert_out.view(L, C, -1), torch.from_dlpack(handle.expert_rows))
     outs = [new_out(case) for _ in range(3)]
     torch.cuda.synchronize()
     if RANK == 0:

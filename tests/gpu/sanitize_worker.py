@@ -149,5 +149,23 @@ interlace.moe_combine(expert_out, handle, group, out=unfused)
 torch.cuda.synchronize()
 group.check()
 assert torch.equal(fused, unfused), "moe_dispatch_gemm + moe_gemm_combine against the unfused layer"
+# The second matmul on the swapped problem (w K-major, 128 < C <= 320), whose epilogue turns each tile
+# around in shared memory before sending it home; against grouped_gemm, which swaps there too.
+T2, C2 = 160, 200  # about 80 rows an expert at any world size: none dropped
+x2 = torch.randn(T2, H, generator=gen, device="cuda").to(torch.bfloat16)
+idx2 = torch.stack([torch.randperm(E, generator=gen, device="cuda")[:2] for _ in range(T2)]).int()
+handle2 = interlace.MoeHandle(group, num_experts=E, topk=2, hidden=H, max_tokens=T2, capacity=C2)
+interlace.moe_dispatch(x2, idx2, torch.rand(T2, 2, generator=gen, device="cuda"), group, handle=handle2)
+act3 = torch.randn(handle2.recv_rows, F, generator=gen, device="cuda").to(torch.bfloat16)
+fused = torch.empty(T2, H, dtype=torch.bfloat16, device="cuda")
+interlace.moe_gemm_combine(act3, w2.transpose(1, 2), handle2, group, out=fused)
+expert_out = torch.empty(handle2.recv_rows, H, dtype=torch.bfloat16, device="cuda")
+interlace.grouped_gemm(act3.view(L, C2, F), w2.transpose(1, 2), expert_out.view(L, C2, H),
+                       torch.from_dlpack(handle2.expert_rows))
+unfused = torch.empty_like(fused)
+interlace.moe_combine(expert_out, handle2, group, out=unfused)
+torch.cuda.synchronize()
+group.check()
+assert torch.equal(fused, unfused), "moe_gemm_combine on the swapped problem against grouped_gemm + moe_combine"
 group.barrier()
 print(f"rank {RANK}: sanitizer workload correct")

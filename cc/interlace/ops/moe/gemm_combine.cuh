@@ -3,7 +3,9 @@
 // "moe_gemm_combine").
 //
 // The engine runs as grouped_gemm in GroupedOrder over the capacity-padded receive layout
-// (kPerExpert: local expert l's rows are [l C, l C + kept rows)), with three hooks filled in:
+// (kPerExpert: local expert l's rows are [l C, l C + kept rows)), or on the swapped problem in
+// SwappedGroupedOrder where grouped_gemm would swap (a tile's columns are then the rows to send),
+// with three hooks filled in:
 //   Phases::begin      the op handshake: peers run the same call, and their previous op no longer
 //                      reads the combine rows this rank's epilogue stores into;
 //   CombineEpilogue    instead of storing a finished tile locally, sends each of its rows home: row
@@ -23,15 +25,17 @@
 
 #include "cute/tensor.hpp"
 #include "interlace/gemm/grouped_order.h"
+#include "interlace/gemm/grouped_store.cuh"
 #include "interlace/gemm/hooks.cuh"
 #include "interlace/ops/moe/device.cuh"
 
 namespace interlace {
 
+template <class Order>  // GroupedOrder, or SwappedGroupedOrder
 struct MoeGemmCombineParams {
   MoeCombineParams combine;  // expert_out is unused: the rows go home from registers
   const MoeSlot* slots;      // this rank's, [recv_rows]
-  GroupedOrder::Params order;
+  typename Order::Params order;
 };
 
 namespace moe_detail {
@@ -43,11 +47,17 @@ __device__ __forceinline__ int32_t sent_flag(const MoePlan& plan, int32_t q) {
   return plan.combined_flag(plan.expert_of(q, 0));
 }
 
+// Where slot s's combine row lives on its home rank, or null for a slot no expert kept.
+__device__ __forceinline__ char* home_row(const MoeCommonParams& c, const MoeSlot& s) {
+  if (!valid_home(c.plan, s)) return nullptr;
+  return c.transport.heaps[s.source_rank] + c.workspace + c.plan.combine_row_offset(s.source_token, s.topk_pos);
+}
+
 }  // namespace moe_detail
 
 template <class Element>
 struct CombineEpilogue {
-  using Params = MoeGemmCombineParams;
+  using Params = MoeGemmCombineParams<GroupedOrder>;
 
   // Consumers, with a finished 128 x kTileN tile of local expert `group` in registers: each row the
   // expert kept goes to its home rank's combine row, 4-byte column pairs (H is a multiple of 8, so a
@@ -78,19 +88,51 @@ struct CombineEpilogue {
       const int row = get<0>(tile_coords(i));
       const int col = col0 + get<1>(tile_coords(i));
       if (row0 + row >= kept || col >= n) continue;
-      const MoeSlot s = slots[row];
-      if (!moe_detail::valid_home(plan, s)) continue;
+      char* home = moe_detail::home_row(c, slots[row]);
+      if (home == nullptr) continue;
       Pair pair;
       pair[0] = Element(accum(i));
       pair[1] = Element(accum(i + 1));
-      *reinterpret_cast<Pair*>(c.transport.heaps[s.source_rank] + c.workspace +
-                               plan.combine_row_offset(s.source_token, s.topk_pos) + col * sizeof(Element)) = pair;
+      *reinterpret_cast<Pair*>(home + col * sizeof(Element)) = pair;
     }
   }
 };
 
+// The swapped problem's tile (out^T = w^T act^T, grouped_gemm.cu's launch_swapped): its columns are
+// slots of local expert `group`, its rows 128 hidden columns (of weight tile `row`); each slot's go
+// to its home row through TransposedStaging, 256 bytes as 16-byte stores, one slot lookup each.
+// Slots past the expert's kept rows and columns past H are not stored.
+template <class Element>
+struct SwappedCombineEpilogue {
+  using Params = MoeGemmCombineParams<SwappedGroupedOrder>;
+  static constexpr int kSharedBytes = gemm_engine::TransposedStaging<Element>::kBytes;
+
+  // m: H (the swapped problem's rows).
+  template <class TileShape, class Accumulators, class TiledMma>
+  __device__ __forceinline__ static void store(const Params& p, const Accumulators& accum, const TiledMma& tiled_mma,
+                                               int thread_idx, int m_idx, int n_idx, int /*k_run*/, int m,
+                                               int /*n*/, char* staging) {
+    constexpr int kTileM = decltype(cute::size<0>(TileShape{}))::value;
+    constexpr int kTileN = decltype(cute::size<1>(TileShape{}))::value;
+    const MoeCommonParams& c = p.combine.c;
+    int32_t group, weight_row;
+    SwappedGroupedOrder::locate(p.order, m_idx, group, weight_row);
+    const int32_t slot0 = n_idx * kTileN;
+    const int32_t slots_here = SwappedGroupedOrder::rows_of(p.order, group) - slot0;
+    if (slots_here <= 0) return;  // the whole warpgroup: nothing of this tile is sent
+    const int32_t col0 = weight_row * kTileM;
+    const MoeSlot* slots = p.slots + static_cast<int64_t>(group) * c.plan.capacity + slot0;
+    gemm_engine::TransposedStaging<Element>::template store<TileShape>(
+        staging, accum, tiled_mma, thread_idx, min(slots_here, kTileN), min(m - col0, kTileM), [&](int slot) {
+          char* home = moe_detail::home_row(c, slots[slot]);
+          return home == nullptr ? nullptr : reinterpret_cast<Element*>(home) + col0;
+        });
+  }
+};
+
+template <class Order>
 struct CombinePhases {
-  using Params = MoeGemmCombineParams;
+  using Params = MoeGemmCombineParams<Order>;
   static constexpr bool kEndRegisters = false;  // its sum fits in the producer warpgroup's 40 registers
 
   __device__ static bool begin(const Params& p) {
