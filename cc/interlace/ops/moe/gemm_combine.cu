@@ -33,7 +33,9 @@ struct Variant {
 };
 
 template <bool kBKMajor, int kClusterM, int kTileN>
-using Tiled = Variant<gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, /*kPingpong=*/kTileN == 128>,
+using Tiled = Variant<gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, /*kPingpong=*/kTileN == 128,
+                                                  GroupedOrder::kTileM, /*kClusterN=*/1,
+                                                  CombineEpilogue<Element>::kSharedBytes>,
                       GroupedOrder, CombineEpilogue<Element>>;
 using Swapped =
     Variant<gemm_engine::SwappedGroupedConfig<Element>, SwappedGroupedOrder, SwappedCombineEpilogue<Element>>;

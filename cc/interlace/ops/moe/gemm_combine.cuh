@@ -10,9 +10,9 @@
 //                      reads the combine rows this rank's epilogue stores into;
 //   CombineEpilogue    instead of storing a finished tile locally, sends each of its rows home: row
 //                      r of expert l is slot (l C + r), whose MoeSlot names the home rank, token and
-//                      top-k position j; the tile's columns go straight from registers into row
-//                      token x k + j of that rank's combine rows (moe_combine's phase 0, done by
-//                      the GEMM's own epilogue, so it overlaps the next tiles' math);
+//                      top-k position j; the tile's row goes, through shared memory as 16-byte
+//                      stores, into row token x k + j of that rank's combine rows (moe_combine's
+//                      phase 0, done by the GEMM's own epilogue, so it overlaps the next tiles' math);
 //   Phases::end        once every CTA of this rank has stored its tiles (a grid barrier), CTA 0
 //                      raises this rank's "sent" flag on every rank; then every CTA waits for every
 //                      rank's, and sums its share of this rank's tokens: moe_combine's phase 1, bit
@@ -27,13 +27,14 @@
 #include "interlace/gemm/grouped_order.h"
 #include "interlace/gemm/grouped_store.cuh"
 #include "interlace/gemm/hooks.cuh"
+#include "interlace/gemm/row_staging.cuh"
 #include "interlace/ops/moe/device.cuh"
 
 namespace interlace {
 
 template <class Order>  // GroupedOrder, or SwappedGroupedOrder
 struct MoeGemmCombineParams {
-  MoeCombineParams combine;  // expert_out is unused: the rows go home from registers
+  MoeCombineParams combine;  // expert_out is unused: the rows go home from the epilogue
   const MoeSlot* slots;      // this rank's, [recv_rows]
   typename Order::Params order;
 };
@@ -58,54 +59,43 @@ __device__ __forceinline__ char* home_row(const MoeCommonParams& c, const MoeSlo
 template <class Element>
 struct CombineEpilogue {
   using Params = MoeGemmCombineParams<GroupedOrder>;
+  using Staging = gemm_engine::RowStaging<Element, GroupedOrder::kTileM, 128, /*kTransposed=*/false>;
+  static constexpr int kSharedBytes = Staging::kBytes;
 
   // Consumers, with a finished 128 x kTileN tile of local expert `group` in registers: each row the
-  // expert kept goes to its home rank's combine row, 4-byte column pairs (H is a multiple of 8, so a
-  // pair never straddles the row's end). Rows past the expert's kept rows (stale act rows up to C,
+  // expert kept goes to its home rank's combine row through Staging, 16-byte stores (H is a
+  // multiple of 8), 128 columns a pass. Rows past the expert's kept rows (stale act rows up to C,
   // TMA's zeros past it) and columns past H are not stored.
   template <class TileShape, class Accumulators, class TiledMma>
   __device__ __forceinline__ static void store(const Params& p, const Accumulators& accum, const TiledMma& tiled_mma,
-                                               int thread_idx, int m_idx, int n_idx, int /*k_run*/, int /*m*/,
-                                               int n) {
-    using namespace cute;
-    constexpr int kTileM = decltype(size<0>(TileShape{}))::value;
-    constexpr int kTileN = decltype(size<1>(TileShape{}))::value;
-    static_assert(decltype(size(Accumulators{}))::value % 2 == 0, "wgmma accumulators come in column pairs");
+                                               int thread_idx, int m_idx, int n_idx, int /*k_run*/, int /*m*/, int n,
+                                               char* staging) {
+    constexpr int kTileM = decltype(cute::size<0>(TileShape{}))::value;
+    constexpr int kTileN = decltype(cute::size<1>(TileShape{}))::value;
     const MoeCommonParams& c = p.combine.c;
-    const MoePlan& plan = c.plan;
     int32_t group, tile_row;
     GroupedOrder::locate(p.order, m_idx, group, tile_row);
-    const int32_t kept = GroupedOrder::rows_of(p.order, group);
     const int32_t row0 = tile_row * kTileM;
-    if (row0 >= kept) return;  // a cluster partner's tile row past the expert's rows
+    const int32_t rows = GroupedOrder::rows_of(p.order, group) - row0;
+    if (rows <= 0) return;  // the whole tile (a cluster partner's tile row past the expert's rows)
     const int32_t col0 = n_idx * kTileN;
-    const MoeSlot* slots = p.slots + static_cast<int64_t>(group) * plan.capacity + row0;
-    Tensor coords = make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{}));
-    Tensor tile_coords = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
-    using Pair = cutlass::AlignedArray<Element, 2>;
-    CUTE_UNROLL
-    for (int i = 0; i < size(accum); i += 2) {  // values i and i+1 are columns c and c+1 of one row
-      const int row = get<0>(tile_coords(i));
-      const int col = col0 + get<1>(tile_coords(i));
-      if (row0 + row >= kept || col >= n) continue;
-      char* home = moe_detail::home_row(c, slots[row]);
-      if (home == nullptr) continue;
-      Pair pair;
-      pair[0] = Element(accum(i));
-      pair[1] = Element(accum(i + 1));
-      *reinterpret_cast<Pair*>(home + col * sizeof(Element)) = pair;
-    }
+    const MoeSlot* slots = p.slots + static_cast<int64_t>(group) * c.plan.capacity + row0;
+    Staging::template store<TileShape>(staging, accum, tiled_mma, thread_idx, min(rows, kTileM), min(n - col0, kTileN),
+                                       [&](int row) {
+                                         char* home = moe_detail::home_row(c, slots[row]);
+                                         return home == nullptr ? nullptr : reinterpret_cast<Element*>(home) + col0;
+                                       });
   }
 };
 
 // The swapped problem's tile (out^T = w^T act^T, grouped_gemm.cu's launch_swapped): its columns are
 // slots of local expert `group`, its rows 128 hidden columns (of weight tile `row`); each slot's go
-// to its home row through TransposedStaging, 256 bytes as 16-byte stores, one slot lookup each.
+// to its home row through SwappedStaging, 256 bytes as 16-byte stores, one slot lookup each.
 // Slots past the expert's kept rows and columns past H are not stored.
 template <class Element>
 struct SwappedCombineEpilogue {
   using Params = MoeGemmCombineParams<SwappedGroupedOrder>;
-  static constexpr int kSharedBytes = gemm_engine::TransposedStaging<Element>::kBytes;
+  static constexpr int kSharedBytes = gemm_engine::SwappedStaging<Element>::kBytes;
 
   // m: H (the swapped problem's rows).
   template <class TileShape, class Accumulators, class TiledMma>
@@ -122,7 +112,7 @@ struct SwappedCombineEpilogue {
     if (slots_here <= 0) return;  // the whole warpgroup: nothing of this tile is sent
     const int32_t col0 = weight_row * kTileM;
     const MoeSlot* slots = p.slots + static_cast<int64_t>(group) * c.plan.capacity + slot0;
-    gemm_engine::TransposedStaging<Element>::template store<TileShape>(
+    gemm_engine::SwappedStaging<Element>::template store<TileShape>(
         staging, accum, tiled_mma, thread_idx, min(slots_here, kTileN), min(m - col0, kTileM), [&](int slot) {
           char* home = moe_detail::home_row(c, slots[slot]);
           return home == nullptr ? nullptr : reinterpret_cast<Element*>(home) + col0;
