@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "interlace/gemm/grouped_args.h"
 #include "interlace/gemm/grouped_order.h"
@@ -18,6 +19,50 @@ namespace interlace::gemm_engine {
 // moe_gemm_combine took 9268 us against 5070 unswapped: bench/results/NOTES.md, twenty-second session.)
 template <class Element>
 using SwappedStaging = RowStaging<Element, kSwappedGroupedRows, SwappedGroupedOrder::kTileM, /*kTransposed=*/true>;
+
+// Where a grouped tile lies in its group's out: rows [row0, row0 + rows) and columns [col0, col0 +
+// cols), clipped to the group's count and out's width; rows <= 0 where none of it is out's (a
+// cluster partner's tile past a small group). m, n: the engine's problem.
+struct GroupedTileSpan {
+  int32_t group, row0, rows, col0, cols;
+};
+
+// GroupedOrder's tile: out's rows are the tile's.
+template <class TileShape>
+__device__ __forceinline__ GroupedTileSpan tile_span(const GroupedOrder::Params& order, int m_idx, int n_idx,
+                                                     int /*m*/, int n) {
+  constexpr int kTileM = decltype(cute::size<0>(TileShape{}))::value;
+  constexpr int kTileN = decltype(cute::size<1>(TileShape{}))::value;
+  GroupedTileSpan t;
+  int32_t tile_row;
+  GroupedOrder::locate(order, m_idx, t.group, tile_row);
+  t.row0 = tile_row * kTileM;
+  t.rows = min(GroupedOrder::rows_of(order, t.group) - t.row0, kTileM);
+  t.col0 = n_idx * kTileN;
+  t.cols = min(n - t.col0, kTileN);
+  return t;
+}
+
+// SwappedGroupedOrder's tile: out's rows are the tile's columns, and m is out's width.
+template <class TileShape>
+__device__ __forceinline__ GroupedTileSpan tile_span(const SwappedGroupedOrder::Params& order, int m_idx, int n_idx,
+                                                     int m, int /*n*/) {
+  constexpr int kTileM = decltype(cute::size<0>(TileShape{}))::value;
+  constexpr int kTileN = decltype(cute::size<1>(TileShape{}))::value;
+  GroupedTileSpan t;
+  int32_t weight_row;
+  SwappedGroupedOrder::locate(order, m_idx, t.group, weight_row);
+  t.row0 = n_idx * kTileN;
+  t.rows = min(SwappedGroupedOrder::rows_of(order, t.group) - t.row0, kTileN);
+  t.col0 = weight_row * kTileM;
+  t.cols = min(m - t.col0, kTileM);
+  return t;
+}
+
+// The staging area of a grouped tile's rows of out: 128 columns a pass, or the swapped tile turned around.
+template <class Element, class Order>
+using GroupedStaging = std::conditional_t<std::is_same_v<Order, SwappedGroupedOrder>, SwappedStaging<Element>,
+                                          RowStaging<Element, GroupedOrder::kTileM, 128, /*kTransposed=*/false>>;
 
 // The swapped problem's engine (grouped_gemm.cu's launch_swapped, and the fused ops that swap where
 // it does): b[g] K-major as the engine's A, 128 of N down each ping-pong tile, a group's rows across
@@ -61,23 +106,15 @@ struct SwappedGroupedStore {
   };
   static constexpr int kSharedBytes = SwappedStaging<Element>::kBytes;
 
-  // m: N (the swapped problem's rows).
   template <class TileShape, class Accumulators, class TiledMma>
   __device__ __forceinline__ static void store(const Params& p, const Accumulators& accum, const TiledMma& tiled_mma,
-                                               int thread_idx, int m_idx, int n_idx, int /*k_run*/, int m,
-                                               int /*n*/, char* staging) {
-    constexpr int kTileM = decltype(cute::size<0>(TileShape{}))::value;
-    constexpr int kTileN = decltype(cute::size<1>(TileShape{}))::value;
-    int32_t group, weight_row;
-    SwappedGroupedOrder::locate(p.order, m_idx, group, weight_row);
-    const int32_t row0 = n_idx * kTileN;
-    const int32_t rows = SwappedGroupedOrder::rows_of(p.order, group) - row0;
-    if (rows <= 0) return;  // the whole warpgroup: nothing of this tile is out's
-    const int32_t col0 = weight_row * kTileM;
-    Element* out = p.out + group * p.group_stride + row0 * p.ldc + col0;
-    SwappedStaging<Element>::template store<TileShape>(
-        staging, accum, tiled_mma, thread_idx, min(rows, kTileN), min(m - col0, kTileM),
-        [&](int row) { return out + row * p.ldc; });
+                                               int thread_idx, int m_idx, int n_idx, int /*k_run*/, int m, int n,
+                                               char* staging) {
+    const GroupedTileSpan t = tile_span<TileShape>(p.order, m_idx, n_idx, m, n);
+    if (t.rows <= 0) return;  // the whole warpgroup: nothing of this tile is out's
+    Element* out = p.out + t.group * p.group_stride + t.row0 * p.ldc + t.col0;
+    SwappedStaging<Element>::template store<TileShape>(staging, accum, tiled_mma, thread_idx, t.rows, t.cols,
+                                                       [&](int row) { return out + row * p.ldc; });
   }
 };
 

@@ -35,10 +35,10 @@ struct Variant {
 template <bool kBKMajor, int kClusterM, int kTileN>
 using Tiled = Variant<gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, /*kPingpong=*/kTileN == 128,
                                                   GroupedOrder::kTileM, /*kClusterN=*/1,
-                                                  CombineEpilogue<Element>::kSharedBytes>,
-                      GroupedOrder, CombineEpilogue<Element>>;
-using Swapped =
-    Variant<gemm_engine::SwappedGroupedConfig<Element>, SwappedGroupedOrder, SwappedCombineEpilogue<Element>>;
+                                                  CombineEpilogue<Element, GroupedOrder>::kSharedBytes>,
+                      GroupedOrder, CombineEpilogue<Element, GroupedOrder>>;
+using Swapped = Variant<gemm_engine::SwappedGroupedConfig<Element>, SwappedGroupedOrder,
+                        CombineEpilogue<Element, SwappedGroupedOrder>>;
 
 template <class F>
 void with_variant(bool b_k_major, bool swapped, const GroupedGemmTuning& tuning, F&& f) {

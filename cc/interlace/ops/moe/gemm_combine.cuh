@@ -27,7 +27,6 @@
 #include "interlace/gemm/grouped_order.h"
 #include "interlace/gemm/grouped_store.cuh"
 #include "interlace/gemm/hooks.cuh"
-#include "interlace/gemm/row_staging.cuh"
 #include "interlace/ops/moe/device.cuh"
 
 namespace interlace {
@@ -56,67 +55,29 @@ __device__ __forceinline__ char* home_row(const MoeCommonParams& c, const MoeSlo
 
 }  // namespace moe_detail
 
-template <class Element>
+// Consumers, with a finished tile of local expert `group` in registers: each of its rows of out (a
+// slot: the tile's rows, or the swapped problem's columns) goes through shared memory to its home
+// rank's combine row as 16-byte stores, one slot lookup each. Slot s of expert l at receive row l C
+// + s names the home rank, token and top-k position j: row token x k + j there. Slots past the
+// expert's kept rows (stale act rows up to C, TMA's zeros past it) and columns past H are not stored.
+template <class Element, class Order>  // GroupedOrder, or SwappedGroupedOrder
 struct CombineEpilogue {
-  using Params = MoeGemmCombineParams<GroupedOrder>;
-  using Staging = gemm_engine::RowStaging<Element, GroupedOrder::kTileM, 128, /*kTransposed=*/false>;
+  using Params = MoeGemmCombineParams<Order>;
+  using Staging = gemm_engine::GroupedStaging<Element, Order>;
   static constexpr int kSharedBytes = Staging::kBytes;
 
-  // Consumers, with a finished 128 x kTileN tile of local expert `group` in registers: each row the
-  // expert kept goes to its home rank's combine row through Staging, 16-byte stores (H is a
-  // multiple of 8), 128 columns a pass. Rows past the expert's kept rows (stale act rows up to C,
-  // TMA's zeros past it) and columns past H are not stored.
   template <class TileShape, class Accumulators, class TiledMma>
   __device__ __forceinline__ static void store(const Params& p, const Accumulators& accum, const TiledMma& tiled_mma,
-                                               int thread_idx, int m_idx, int n_idx, int /*k_run*/, int /*m*/, int n,
+                                               int thread_idx, int m_idx, int n_idx, int /*k_run*/, int m, int n,
                                                char* staging) {
-    constexpr int kTileM = decltype(cute::size<0>(TileShape{}))::value;
-    constexpr int kTileN = decltype(cute::size<1>(TileShape{}))::value;
+    const gemm_engine::GroupedTileSpan t = gemm_engine::tile_span<TileShape>(p.order, m_idx, n_idx, m, n);
+    if (t.rows <= 0) return;  // the whole tile's consumers: nothing of it is sent
     const MoeCommonParams& c = p.combine.c;
-    int32_t group, tile_row;
-    GroupedOrder::locate(p.order, m_idx, group, tile_row);
-    const int32_t row0 = tile_row * kTileM;
-    const int32_t rows = GroupedOrder::rows_of(p.order, group) - row0;
-    if (rows <= 0) return;  // the whole tile (a cluster partner's tile row past the expert's rows)
-    const int32_t col0 = n_idx * kTileN;
-    const MoeSlot* slots = p.slots + static_cast<int64_t>(group) * c.plan.capacity + row0;
-    Staging::template store<TileShape>(staging, accum, tiled_mma, thread_idx, min(rows, kTileM), min(n - col0, kTileN),
-                                       [&](int row) {
-                                         char* home = moe_detail::home_row(c, slots[row]);
-                                         return home == nullptr ? nullptr : reinterpret_cast<Element*>(home) + col0;
-                                       });
-  }
-};
-
-// The swapped problem's tile (out^T = w^T act^T, grouped_gemm.cu's launch_swapped): its columns are
-// slots of local expert `group`, its rows 128 hidden columns (of weight tile `row`); each slot's go
-// to its home row through SwappedStaging, 256 bytes as 16-byte stores, one slot lookup each.
-// Slots past the expert's kept rows and columns past H are not stored.
-template <class Element>
-struct SwappedCombineEpilogue {
-  using Params = MoeGemmCombineParams<SwappedGroupedOrder>;
-  static constexpr int kSharedBytes = gemm_engine::SwappedStaging<Element>::kBytes;
-
-  // m: H (the swapped problem's rows).
-  template <class TileShape, class Accumulators, class TiledMma>
-  __device__ __forceinline__ static void store(const Params& p, const Accumulators& accum, const TiledMma& tiled_mma,
-                                               int thread_idx, int m_idx, int n_idx, int /*k_run*/, int m,
-                                               int /*n*/, char* staging) {
-    constexpr int kTileM = decltype(cute::size<0>(TileShape{}))::value;
-    constexpr int kTileN = decltype(cute::size<1>(TileShape{}))::value;
-    const MoeCommonParams& c = p.combine.c;
-    int32_t group, weight_row;
-    SwappedGroupedOrder::locate(p.order, m_idx, group, weight_row);
-    const int32_t slot0 = n_idx * kTileN;
-    const int32_t slots_here = SwappedGroupedOrder::rows_of(p.order, group) - slot0;
-    if (slots_here <= 0) return;  // the whole warpgroup: nothing of this tile is sent
-    const int32_t col0 = weight_row * kTileM;
-    const MoeSlot* slots = p.slots + static_cast<int64_t>(group) * c.plan.capacity + slot0;
-    gemm_engine::SwappedStaging<Element>::template store<TileShape>(
-        staging, accum, tiled_mma, thread_idx, min(slots_here, kTileN), min(m - col0, kTileM), [&](int slot) {
-          char* home = moe_detail::home_row(c, slots[slot]);
-          return home == nullptr ? nullptr : reinterpret_cast<Element*>(home) + col0;
-        });
+    const MoeSlot* slots = p.slots + static_cast<int64_t>(t.group) * c.plan.capacity + t.row0;
+    Staging::template store<TileShape>(staging, accum, tiled_mma, thread_idx, t.rows, t.cols, [&](int slot) {
+      char* home = moe_detail::home_row(c, slots[slot]);
+      return home == nullptr ? nullptr : reinterpret_cast<Element*>(home) + t.col0;
+    });
   }
 };
 
