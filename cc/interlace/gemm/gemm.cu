@@ -6,6 +6,7 @@
 #include "interlace/base/cuda.h"
 #include "interlace/gemm/args.h"
 #include "interlace/gemm/launch.cuh"
+#include "interlace/gemm/row_staging.cuh"
 #include "interlace/gemm/sm90_gemm_tma_warpspecialized.cuh"
 #include "interlace/gemm/tile_plan.h"
 
@@ -35,8 +36,9 @@ void launch_engine(const GemmProblem& p, const void* a, const void* b, const typ
 template <class Element, bool kBKMajor, int kTileN, int kClusterM, bool kPingpong>
 void launch(const GemmProblem& p, const TensorView& a, const TensorView& b, const TensorView& out,
             cudaStream_t stream, const GemmTuning& tuning, int num_sms) {
-  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, kPingpong>;
-  using Epilogue = gemm_engine::StoreTile<Element>;
+  using Epilogue = gemm_engine::TileStore<Element, kPingpong>;
+  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, kPingpong, /*kTileM=*/128,
+                                             /*kClusterN=*/1, gemm_engine::EpilogueSharedBytes<Epilogue>::value>;
   launch_engine<Config, Epilogue>(p, a.data, b.data, {static_cast<Element*>(out.data), p.ldc}, tuning.band_m, stream,
                                   num_sms);
 }

@@ -61,8 +61,9 @@ __device__ __forceinline__ GroupedTileSpan tile_span(const SwappedGroupedOrder::
 
 // The staging area of a grouped tile's rows of out: 128 columns a pass, or the swapped tile turned around.
 template <class Element, class Order>
-using GroupedStaging = std::conditional_t<std::is_same_v<Order, SwappedGroupedOrder>, SwappedStaging<Element>,
-                                          RowStaging<Element, GroupedOrder::kTileM, 128, /*kTransposed=*/false>>;
+using GroupedStaging =
+    std::conditional_t<std::is_same_v<Order, SwappedGroupedOrder>, SwappedStaging<Element>, TileRowStaging<Element>>;
+static_assert(GroupedOrder::kTileM == 128, "TileRowStaging holds 128-row tiles");
 
 // The swapped problem's engine (grouped_gemm.cu's launch_swapped, and the fused ops that swap where
 // it does): b[g] K-major as the engine's A, 128 of N down each ping-pong tile, a group's rows across
@@ -73,8 +74,9 @@ using SwappedGroupedConfig =
     Sm90GemmConfig<Element, /*kBKMajor=*/true, kSwappedGroupedRows, /*kClusterM=*/1, /*kPingpong=*/true,
                    SwappedGroupedOrder::kTileM, kSwappedGroupedClusterN, SwappedStaging<Element>::kBytes>;
 
-// StoreTile into the tile's group: out[g] at g * group_stride, rows past the group's count left alone.
-template <class Element>
+// A 128-row tile into its group: out[g] at g * group_stride, rows past the group's count left alone,
+// by TileStore (StoreTile or StagedStoreTile; the latter takes the staging area, passed on).
+template <class Element, class TileStore>
 struct GroupedStore {
   struct Params {
     Element* out;
@@ -82,15 +84,17 @@ struct GroupedStore {
     int64_t group_stride;
     GroupedOrder::Params order;
   };
+  static constexpr int kSharedBytes = EpilogueSharedBytes<TileStore>::value;
 
-  template <class TileShape, class Accumulators, class TiledMma>
+  template <class TileShape, class Accumulators, class TiledMma, class... Staging>
   __device__ __forceinline__ static void store(const Params& p, const Accumulators& accum, const TiledMma& tiled_mma,
-                                               int thread_idx, int m_idx, int n_idx, int k_run, int /*m*/, int n) {
+                                               int thread_idx, int m_idx, int n_idx, int k_run, int /*m*/, int n,
+                                               Staging... staging) {
     int32_t group, row;
     GroupedOrder::locate(p.order, m_idx, group, row);
     const typename StoreTile<Element>::Params out{p.out + group * p.group_stride, p.ldc};
-    StoreTile<Element>::template store<TileShape>(out, accum, tiled_mma, thread_idx, row, n_idx, k_run,
-                                                  GroupedOrder::rows_of(p.order, group), n);
+    TileStore::template store<TileShape>(out, accum, tiled_mma, thread_idx, row, n_idx, k_run,
+                                         GroupedOrder::rows_of(p.order, group), n, staging...);
   }
 };
 

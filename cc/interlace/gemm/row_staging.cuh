@@ -3,6 +3,8 @@
 // out transposed (the swapped problem), where the fragments' own stores would be 2 or 4 bytes wide.
 #pragma once
 
+#include <type_traits>
+
 #include "cute/tensor.hpp"
 #include "interlace/gemm/hooks.cuh"
 
@@ -81,5 +83,39 @@ struct RowStaging {
     }
   }
 };
+
+// The staging area of a 128-row tile's rows of out, 128 columns a pass: StagedStoreTile's, and the
+// unswapped grouped tiles' (GroupedStaging).
+template <class Element>
+using TileRowStaging = RowStaging<Element, 128, 128, /*kTransposed=*/false>;
+
+// StoreTile's job through RowStaging: out[M, N] (row stride ldc) from a 128-row tile, as 16-byte
+// stores, skipping what lies past M or N.
+template <class Element>
+struct StagedStoreTile {
+  using Params = typename StoreTile<Element>::Params;
+  using Staging = TileRowStaging<Element>;
+  static constexpr int kSharedBytes = Staging::kBytes;
+
+  template <class TileShape, class Accumulators, class TiledMma>
+  __device__ __forceinline__ static void store(const Params& p, const Accumulators& accum, const TiledMma& tiled_mma,
+                                               int thread_idx, int m_idx, int n_idx, int /*k_run*/, int m, int n,
+                                               char* staging) {
+    constexpr int kTileM = decltype(cute::size<0>(TileShape{}))::value;
+    constexpr int kTileN = decltype(cute::size<1>(TileShape{}))::value;
+    const int row0 = m_idx * kTileM, col0 = n_idx * kTileN;
+    if (row0 >= m) return;  // the whole tile (a grouped cluster partner's past its group's rows)
+    Element* out = p.out + static_cast<int64_t>(row0) * p.ldc + col0;
+    Staging::template store<TileShape>(staging, accum, tiled_mma, thread_idx, min(m - row0, kTileM),
+                                       min(n - col0, kTileN), [&](int row) { return out + row * p.ldc; });
+  }
+};
+
+// A 128-row tile's store into out[M, N]: through shared memory where nothing overlaps it (the
+// cooperative tile, whose consumers all wait for it: 9-15% of grouped_gemm's time at Mixtral- and
+// DeepSeek-like shapes on an H100), from registers where the other warpgroup's wgmmas run beside it
+// (ping-pong, whose 128 x 128 tiles would lose a stage to the area: 3-9% at M 8192 there).
+template <class Element, bool kPingpong>
+using TileStore = std::conditional_t<kPingpong, StoreTile<Element>, StagedStoreTile<Element>>;
 
 }  // namespace interlace::gemm_engine
