@@ -27,9 +27,8 @@ __global__ void zero_rows_kernel(Element* out, int64_t ldc, int64_t group_stride
 template <class Element, bool kBKMajor, int kClusterM, int kTileN>
 void launch(const GroupedGemmProblem& p, const TensorView& a, const TensorView& b, const TensorView& out,
             const GroupedOrder::Params& order, cudaStream_t stream, int num_sms) {
-  using Epilogue = gemm_engine::GroupedStore<Element, gemm_engine::TileStore<Element, /*kPingpong=*/kTileN == 128>>;
-  using Config = gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, /*kPingpong=*/kTileN == 128,
-                                             GroupedOrder::kTileM, /*kClusterN=*/1, Epilogue::kSharedBytes>;
+  using Epilogue = gemm_engine::GroupedTileStore<Element, kTileN>;
+  using Config = gemm_engine::GroupedConfig<Element, kBKMajor, kClusterM, kTileN, Epilogue>;
   static_assert(Config::kTileM == GroupedOrder::kTileM, "the order counts the engine's tiles");
   using Params = gemm_engine::GemmParams<Config, GroupedOrder, gemm_engine::NoInputWait, Epilogue>;
   constexpr auto kernel = gemm_engine::sm90_gemm_kernel<Config, GroupedOrder, gemm_engine::NoInputWait, Epilogue>;

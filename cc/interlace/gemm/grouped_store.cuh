@@ -98,6 +98,19 @@ struct GroupedStore {
   }
 };
 
+// The unswapped problem's engine (grouped_gemm.cu's launch, and the fused ops' GroupedOrder tiles):
+// ping-pong 128 x 128 tiles or cooperative 128 x 256 ones; Epilogue's staging area, if it has one,
+// carved out of the stages.
+template <int kTileN>
+constexpr bool kGroupedPingpong = kTileN == 128;
+template <class Element, bool kBKMajor, int kClusterM, int kTileN, class Epilogue>
+using GroupedConfig = Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, kGroupedPingpong<kTileN>,
+                                     GroupedOrder::kTileM, /*kClusterN=*/1, EpilogueSharedBytes<Epilogue>::value>;
+
+// grouped_gemm's store of those tiles into their groups: staged where they are cooperative (TileStore).
+template <class Element, int kTileN>
+using GroupedTileStore = GroupedStore<Element, TileStore<Element, kGroupedPingpong<kTileN>>>;
+
 // The swapped problem's tile into its group, through SwappedStaging: out[g] at g * group_stride,
 // rows past the group's count left alone.
 template <class Element>

@@ -30,12 +30,10 @@ struct Variant {
   static_assert(sizeof(Params) <= 32764, "moe_dispatch_gemm's kernel parameters outgrew CUDA's limit");
 };
 
-template <int kTileN>  // grouped_gemm's: staged on cooperative 128 x 256 tiles (row_staging.cuh)
-using TiledStore = gemm_engine::GroupedStore<Element, gemm_engine::TileStore<Element, /*kPingpong=*/kTileN == 128>>;
+template <int kTileN>
+using TiledStore = gemm_engine::GroupedTileStore<Element, kTileN>;  // grouped_gemm's
 template <bool kBKMajor, int kClusterM, int kTileN>
-using Tiled = Variant<gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, /*kPingpong=*/kTileN == 128,
-                                                  GroupedOrder::kTileM, /*kClusterN=*/1,
-                                                  TiledStore<kTileN>::kSharedBytes>,
+using Tiled = Variant<gemm_engine::GroupedConfig<Element, kBKMajor, kClusterM, kTileN, TiledStore<kTileN>>,
                       GroupedOrder, TiledStore<kTileN>>;
 using Swapped =
     Variant<gemm_engine::SwappedGroupedConfig<Element>, SwappedGroupedOrder, gemm_engine::SwappedGroupedStore<Element>>;

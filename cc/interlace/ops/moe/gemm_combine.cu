@@ -33,10 +33,9 @@ struct Variant {
 };
 
 template <bool kBKMajor, int kClusterM, int kTileN>
-using Tiled = Variant<gemm_engine::Sm90GemmConfig<Element, kBKMajor, kTileN, kClusterM, /*kPingpong=*/kTileN == 128,
-                                                  GroupedOrder::kTileM, /*kClusterN=*/1,
-                                                  CombineEpilogue<Element, GroupedOrder>::kSharedBytes>,
-                      GroupedOrder, CombineEpilogue<Element, GroupedOrder>>;
+using Tiled =
+    Variant<gemm_engine::GroupedConfig<Element, kBKMajor, kClusterM, kTileN, CombineEpilogue<Element, GroupedOrder>>,
+            GroupedOrder, CombineEpilogue<Element, GroupedOrder>>;
 using Swapped = Variant<gemm_engine::SwappedGroupedConfig<Element>, SwappedGroupedOrder,
                         CombineEpilogue<Element, SwappedGroupedOrder>>;
 
