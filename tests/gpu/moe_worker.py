@@ -157,6 +157,8 @@ def cases():
                seed=23)
     yield Case("mixtral-like: 8 experts, top-2, hidden 4096", 8, 2, 4096, 512, r, seed=24) if 8 % WORLD == 0 else \
         Case("mixtral-like: 2 per rank, top-2, hidden 4096", 2 * WORLD, 2, 4096, 512, r, seed=24)
+    # More top-k entries than a warp has lanes: the CTA-per-token send, the sums' entries in two rounds.
+    yield Case("random top-k 40", 48 * WORLD, 40, 320, 24, r, seed=25)
 
 
 def fail(case, what):

@@ -139,16 +139,34 @@ __device__ __forceinline__ void warp_copy(char* dst, const char* src, int64_t by
 // Calls fn(row) for every kept receive row of this rank's local experts, one warp per row over the
 // whole grid (all lanes call fn with the same row). Rows are dealt to warps in one sequence over all
 // experts, not afresh per expert: with many experts of few rows each, starting every expert at warp
-// 0 left the copies to the first CTA (a decode combine ran 50x slower).
+// 0 left the copies to the first CTA (a decode combine ran 50x slower). The lanes read 32 experts'
+// runs at once and scan where each one's dealing starts: read an expert at a time, each read waited
+// on the one before (256 local experts: 61 us of the DeepSeek-like decode dispatch's 95 on an H100,
+// 70 of its combine's 92, phase_probe in bench/results/moe_combine_slices_1xH100.log).
 template <class Fn>
 __device__ __forceinline__ void for_kept_rows(const MoeCommonParams& c, Fn fn) {
   const int32_t warp = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int32_t warps = gridDim.x * (blockDim.x / 32);
-  int32_t before = 0;  // kept rows of the experts before l, mod warps: where expert l's first row is dealt
-  for (int32_t l = 0; l < c.plan.experts_per_rank; ++l) {
-    const int32_t start = c.expert_start[l], rows = c.expert_rows[l];
-    for (int32_t i = (warp - before + warps) % warps; i < rows; i += warps) fn(start + i);
-    before = (before + rows) % warps;
+  const int32_t lane = threadIdx.x % 32, L = c.plan.experts_per_rank;
+  int32_t before = 0;  // kept rows of the experts before l0, mod warps: where expert l0's first row is dealt
+  for (int32_t l0 = 0; l0 < L; l0 += 32) {
+    const int32_t l = l0 + lane;
+    const int32_t start = l < L ? c.expert_start[l] : 0;
+    const int32_t rows = l < L ? max(c.expert_rows[l], 0) : 0;
+    int32_t through = rows % warps;  // this lane's experts' rows and those of the lanes below, mod warps
+    for (int32_t d = 1; d < 32; d *= 2) {
+      const int32_t below = __shfl_up_sync(~0u, through, d);
+      if (lane >= d) through = (through + below) % warps;
+    }
+    const int32_t first = (before + through - rows % warps + warps) % warps;  // where this lane's expert starts
+    // The experts that deal this warp a row (a decode's few rows reach few warps), one at a time.
+    for (uint32_t mine = __ballot_sync(~0u, (warp - first + warps) % warps < rows); mine != 0; mine &= mine - 1) {
+      const int32_t q = __ffs(mine) - 1;
+      const int32_t start_q = __shfl_sync(~0u, start, q), rows_q = __shfl_sync(~0u, rows, q);
+      const int32_t first_q = __shfl_sync(~0u, first, q);
+      for (int32_t i = (warp - first_q + warps) % warps; i < rows_q; i += warps) fn(start_q + i);
+    }
+    before = (before + __shfl_sync(~0u, through, 31)) % warps;
   }
 }
 
@@ -305,9 +323,51 @@ __device__ __forceinline__ void send_token_warp(const MoeDispatchParams& p, int3
   __syncwarp();  // row and expert are rewritten for the warp's next token
 }
 
-// Phase 1 of the combine, one warp per token: the weighted sum of its kept slots' rows, in fp32 in
-// top-k order, one rounding to bf16; zeros for a token none of whose slots was kept.
-__device__ __forceinline__ void sum_token(const MoeCombineParams& p, int32_t token) {
+// Phase 1 of the combine in slices of a token's row, a warp each, each a whole number of 32-vector
+// blocks (a 16-byte vector a lane): as many slices to a row as it takes for the tokens to reach every
+// warp. A decode's 128 tokens over 2112 warps, a warp per token, left 128 busy (the DeepSeek-like
+// combine 149 us, 92 in slices of one block); 4096 Mixtral-like tokens in one-block slices read each
+// token's top-k entries once a block from every warp (combine 113 -> 130 us): there a warp takes the
+// whole row, as before.
+struct RowSlices {
+  int32_t per_row;  // slices of a token's row
+  int32_t blocks;   // 32-vector blocks of a slice (the last of a row may have fewer)
+};
+
+__device__ __forceinline__ RowSlices row_slices(const MoePlan& plan, int32_t tokens, int64_t warps) {
+  const int32_t row_blocks = static_cast<int32_t>((plan.row_bytes / 16 + 31) / 32);
+  const int64_t wanted = tokens > 0 ? warps / tokens : 1;
+  const int32_t per_row = static_cast<int32_t>(wanted < 1 ? 1 : wanted < row_blocks ? wanted : row_blocks);
+  const int32_t blocks = (row_blocks + per_row - 1) / per_row;
+  return {(row_blocks + blocks - 1) / blocks, blocks};
+}
+
+// acc[0 .. 8) += w x the 8 bf16 of y, in fp32: bf16 to fp32 is exact (the top 16 bits); the rounded
+// product, then the rounded sum (no fused multiply-add: the combine's order is its promise).
+__device__ __forceinline__ void add_weighted(float (&acc)[8], float w, uint4 y) {
+  const uint32_t words[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+  for (int h = 0; h < 4; ++h) {
+    acc[2 * h] = __fadd_rn(acc[2 * h], __fmul_rn(w, __uint_as_float(words[h] << 16)));
+    acc[2 * h + 1] = __fadd_rn(acc[2 * h + 1], __fmul_rn(w, __uint_as_float(words[h] & 0xffff0000u)));
+  }
+}
+
+// acc rounded once to 8 bf16.
+__device__ __forceinline__ uint4 pack_bf16(const float (&acc)[8]) {
+  uint32_t packed[4];
+#pragma unroll
+  for (int h = 0; h < 4; ++h) {
+    packed[h] = uint32_t{__bfloat16_as_ushort(__float2bfloat16_rn(acc[2 * h]))} |
+                uint32_t{__bfloat16_as_ushort(__float2bfloat16_rn(acc[2 * h + 1]))} << 16;
+  }
+  return make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
+// A whole row of a token, one warp (sum_slice where a slice is the row): per vector, the kept
+// entries one after another. sum_slice's batched loads ran this case 6% slower (4096 Mixtral-like
+// tokens: combine 113 against 120 us, 1 x H100, bench/results/moe_decode_1xGPU.log).
+__device__ __forceinline__ void sum_row(const MoeCombineParams& p, int32_t token) {
   const MoePlan& plan = p.c.plan;
   const int lane = threadIdx.x % 32;
   const int64_t vectors = plan.row_bytes / 16;
@@ -319,23 +379,63 @@ __device__ __forceinline__ void sum_token(const MoeCombineParams& p, int32_t tok
       const int64_t i = static_cast<int64_t>(token) * plan.topk + j;
       if (p.c.home_row[i] < 0) continue;
       const float w = p.c.home_weight[i];
-      const uint4 y = reinterpret_cast<const uint4*>(rows + static_cast<int64_t>(plan.combine_row(token, j)) *
-                                                                plan.row_bytes)[v];
-      const uint32_t words[4] = {y.x, y.y, y.z, y.w};
+      add_weighted(acc, w, reinterpret_cast<const uint4*>(
+                               rows + static_cast<int64_t>(plan.combine_row(token, j)) * plan.row_bytes)[v]);
+    }
+    dst[v] = pack_bf16(acc);
+  }
+}
+
+// One warp, slice s of its token's row (s / per_row is the token): out's vectors there are the
+// weighted sum of the token's kept slots' rows, in fp32 in top-k order, one rounding to bf16; zeros
+// where none of its slots was kept. kDepth: kept rows loaded at once before they are summed (in
+// order), so that the loads of a token's k rows overlap instead of following each other; the
+// caller's registers set it. A slice that is the whole row goes to sum_row.
+template <int kDepth>
+__device__ __forceinline__ void sum_slice(const MoeCombineParams& p, int64_t s, RowSlices slices) {
+  if (slices.per_row == 1) {
+    sum_row(p, static_cast<int32_t>(s));
+    return;
+  }
+  const MoePlan& plan = p.c.plan;
+  const int lane = threadIdx.x % 32;
+  const int32_t token = static_cast<int32_t>(s / slices.per_row);
+  const int32_t vectors = static_cast<int32_t>(plan.row_bytes / 16);
+  const char* rows = p.c.workspace_here + plan.combine_offset;
+  uint4* dst = reinterpret_cast<uint4*>(p.out + static_cast<int64_t>(token) * plan.row_bytes);
+  const int32_t first = static_cast<int32_t>(s % slices.per_row) * slices.blocks * 32;
+  const int32_t last = min(first + slices.blocks * 32, vectors);
+  for (int32_t v = first + lane; v - lane < last; v += 32) {  // the same trip count on every lane
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int32_t j0 = 0; j0 < plan.topk; j0 += 32) {
+      // Lane q: entry j0 + q's weight, where its slot was kept.
+      const int64_t i = static_cast<int64_t>(token) * plan.topk + j0 + lane;
+      const bool kept = j0 + lane < plan.topk && p.c.home_row[i] >= 0;
+      const float weight = kept ? p.c.home_weight[i] : 0.f;
+      uint32_t todo = __ballot_sync(~0u, kept);
+      while (todo != 0) {
+        uint4 y[kDepth];
+        float w[kDepth];
+        int taken = 0;
 #pragma unroll
-      for (int h = 0; h < 4; ++h) {
-        // bf16 to fp32 is exact (the top 16 bits); the rounded product, then the rounded sum.
-        acc[2 * h] = __fadd_rn(acc[2 * h], __fmul_rn(w, __uint_as_float(words[h] << 16)));
-        acc[2 * h + 1] = __fadd_rn(acc[2 * h + 1], __fmul_rn(w, __uint_as_float(words[h] & 0xffff0000u)));
+        for (int u = 0; u < kDepth; ++u) {
+          if (todo != 0) {  // the same on every lane
+            const int q = __ffs(todo) - 1;
+            todo &= todo - 1;
+            w[u] = __shfl_sync(~0u, weight, q);
+            y[u] = v < last ? reinterpret_cast<const uint4*>(
+                                  rows + static_cast<int64_t>(plan.combine_row(token, j0 + q)) * plan.row_bytes)[v]
+                            : make_uint4(0, 0, 0, 0);  // a lane past the slice sums zeros it never stores
+            taken = u + 1;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kDepth; ++u) {
+          if (u < taken) add_weighted(acc, w[u], y[u]);
+        }
       }
     }
-    uint32_t packed[4];
-#pragma unroll
-    for (int h = 0; h < 4; ++h) {
-      packed[h] = uint32_t{__bfloat16_as_ushort(__float2bfloat16_rn(acc[2 * h]))} |
-                  uint32_t{__bfloat16_as_ushort(__float2bfloat16_rn(acc[2 * h + 1]))} << 16;
-    }
-    dst[v] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    if (v < last) dst[v] = pack_bf16(acc);
   }
 }
 

@@ -16,7 +16,7 @@
 //   Phases::end        once every CTA of this rank has stored its tiles (a grid barrier), CTA 0
 //                      raises this rank's "sent" flag on every rank; then every CTA waits for every
 //                      rank's, and sums its share of this rank's tokens: moe_combine's phase 1, bit
-//                      for bit (sum_token).
+//                      for bit (sum_slice).
 // Every CTA waits on the others in Phases::end, so all must be resident: the launch takes at most
 // the clusters that fit at once. Every wait is bounded; a failed one returns and the call raises.
 #pragma once
@@ -84,7 +84,7 @@ struct CombineEpilogue {
 template <class Order>
 struct CombinePhases {
   using Params = MoeGemmCombineParams<Order>;
-  static constexpr bool kEndRegisters = false;  // its sum fits in the producer warpgroup's 40 registers
+  static constexpr bool kEndRegisters = true;  // end's sums: 168 registers, not the producer's 40
 
   __device__ static bool begin(const Params& p) {
     return device::op_enter(p.combine.c.transport, p.combine.c.wait, p.combine.c.signature);
@@ -117,15 +117,14 @@ struct CombinePhases {
     }
     __syncthreads();
     if (failed) return;
-    // The consumer warpgroups sum, a warp per token. (Code here gets the producer warpgroup's 40
-    // registers whichever threads run it: ptxas allots it for the fewest of any path into it;
-    // sum_token fits, with no spills, so this Phases keeps kEndRegisters off.)
-    using gemm_engine::kProducerThreads;
-    const int32_t warps_per_cta = (blockDim.x - kProducerThreads) / 32;
-    if (threadIdx.x >= kProducerThreads) {
-      const int32_t warps = gridDim.x * warps_per_cta;
-      const int32_t warp = blockIdx.x * warps_per_cta + (threadIdx.x - kProducerThreads) / 32;
-      for (int32_t token = warp; token < c.tokens; token += warps) sum_token(p.combine, token);
+    // Every warp sums, a slice of a token's row at a time (row_slices), on the launch's even share of
+    // 168 registers (kEndRegisters), with kCopyDepth rows loaded at once; in the producer
+    // warpgroup's 40 the slice loop spilled.
+    const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+    const RowSlices slices = row_slices(plan, c.tokens, warps);
+    const int64_t count = static_cast<int64_t>(c.tokens) * slices.per_row;
+    for (int64_t i = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; i < count; i += warps) {
+      sum_slice<kCopyDepth>(p.combine, i, slices);
     }
     device::op_end(t);
   }

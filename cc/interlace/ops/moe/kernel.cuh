@@ -24,8 +24,9 @@
 // moe_combine, per call:
 //   0. warp per kept receive row: the expert's output row to its home rank's combine buffer, row
 //      token x k + j. Grid barrier; CTA 0 raises combined_flag(e) on every rank for its experts;
-//   1. with every expert's outputs here, warp per token: out = the sum over j = 0 .. k - 1 of kept
-//      slots of weight x row, in fp32 in that order (no fused multiply-add), rounded once to bf16.
+//   1. with every expert's outputs here, a warp per slice of a token's row (row_slices: whole rows
+//      where the tokens outnumber the warps): out = the sum over j = 0 .. k - 1 of kept slots of
+//      weight x row, in fp32 in that order (no fused multiply-add), rounded once to bf16.
 // Bad routing entries (outside [-1, E)) are taken for unused: no index from the device's data
 // reaches an address unchecked.
 #pragma once
@@ -150,9 +151,11 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_combine_kernel(const __gri
                    [L](int32_t e) { return e / L; }, &failed)) {
     return;
   }
-  const int32_t warps = gridDim.x * kMoeWarps;
-  for (int32_t token = blockIdx.x * kMoeWarps + threadIdx.x / 32; token < c.tokens; token += warps) {
-    sum_token(p, token);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kMoeWarps;
+  const RowSlices slices = row_slices(plan, c.tokens, warps);
+  const int64_t count = static_cast<int64_t>(c.tokens) * slices.per_row;
+  for (int64_t i = blockIdx.x * kMoeWarps + threadIdx.x / 32; i < count; i += warps) {
+    sum_slice<kCopyDepth>(p, i, slices);
   }
   device::op_end(t);
 }
