@@ -366,8 +366,7 @@ __device__ __forceinline__ uint4 pack_bf16(const float (&acc)[8]) {
 
 // A whole row of a token, one warp (sum_slice where a slice is the row): per vector, the kept
 // entries one after another. sum_slice's batched loads ran this case 6% slower (4096 Mixtral-like
-// tokens: combine 113 against 120 us, 1 x H100, bench/results/NOTES.md,
-// twenty-seventh session).
+// tokens: combine 113 against 120 us on an H100, bench/results/NOTES.md, twenty-seventh session).
 __device__ __forceinline__ void sum_row(const MoeCombineParams& p, int32_t token) {
   const MoePlan& plan = p.c.plan;
   const int lane = threadIdx.x % 32;
