@@ -159,6 +159,11 @@ def cases():
         Case("mixtral-like: 2 per rank, top-2, hidden 4096", 2 * WORLD, 2, 4096, 512, r, seed=24)
     # More top-k entries than a warp has lanes: the CTA-per-token send, the sums' entries in two rounds.
     yield Case("random top-k 40", 48 * WORLD, 40, 320, 24, r, seed=25)
+    # More top-k entries than moe_dispatch's small layout takes (2048): every CTA numbers some experts'
+    # slots and the phases meet at grid barriers. The cases above take the small layout.
+    yield Case("random, 1100 tokens top-2 (the grid's layout)", E8, 2, 256, 1100, r, seed=26)
+    yield Case("zipf, 64 experts per rank, 300 tokens top-8 (the grid's layout)", 64 * WORLD, 8, 256, 300, route_zipf,
+               kind="per_rank", seed=27)
 
 
 def fail(case, what):

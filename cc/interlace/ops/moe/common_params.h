@@ -19,7 +19,7 @@ MoeCommonParams moe_common_params(Group& group, const OpCall& call, uint64_t sig
 // run_kept [E], two drop counters; with lists (moe_dispatch_gemm's), slot_start [E], slot_list
 // [max_tokens x k] and the copiers' chunk counters [2][E]; bytes in all.
 struct MoeDispatchScratch {
-  uint64_t run_row = 0, run_kept = 0, dropped = 0, slot_start = 0, slot_list = 0, chunks = 0, bytes = 0;
+  uint64_t run_row = 0, run_kept = 0, dropped = 0, sent = 0, slot_start = 0, slot_list = 0, chunks = 0, bytes = 0;
 };
 MoeDispatchScratch moe_dispatch_scratch(const MoePlan& plan, bool lists);
 

@@ -18,6 +18,14 @@ constexpr int kMoeWarps = kMoeThreads / 32;
 static_assert(kMoeThreads >= kMoeMaxTopk, "a thread per top-k entry of a token");
 static_assert(kMoeThreads >= kMaxLocalRanks, "op_begin needs a thread per peer");
 
+// moe_dispatch's small layout (ops/moe/kernel.cuh), for at most this many top-k entries on the rank
+// and experts in all: one CTA numbers the slots, every CTA lays the runs out for itself in shared
+// memory, and no phase waits for a grid barrier. A decode (128 tokens) spent most of its time in
+// the three barriers (Mixtral-like, twenty-sixth session); 4096 tokens are numbered faster by many
+// CTAs, an expert each.
+constexpr int32_t kMoeSmallEntries = 2048;
+constexpr int32_t kMoeSmallExperts = 1024;
+
 // What both kernels share: where the handle's workspace is, its local arrays.
 struct MoeCommonParams {
   device::NvlinkTransport transport;
@@ -43,6 +51,14 @@ struct MoeDispatchParams {
   int32_t* run_row;          // [E]: this rank's run's first receive row for expert e (unclipped)
   int32_t* run_kept;         // [E]: its kept rows
   int32_t* dropped;          // [2]: slots dropped on all ranks, on this rank (zeroed in phase 0)
+  uint32_t* sent;            // [1]: CTAs done with phase 2 (the small layout's; zeroed in phase 0)
+};
+
+// This rank's run of each expert (first receive row, kept rows): the call's scratch, or a CTA's own
+// copy in shared memory (the small layout).
+struct MoeRuns {
+  const int32_t* row;
+  const int32_t* kept;
 };
 
 struct MoeCombineParams {
@@ -73,6 +89,21 @@ __device__ __forceinline__ void arrive(MoeFlags& f, uint64_t n, uint64_t phase, 
     __threadfence_system();
     device::store_release_gpu(&f.barrier[cta], n * kMoePhases + phase);
   }
+}
+
+// All threads, at the end of the small layout's phase 2: counts this CTA done in `sent`, once its
+// stores (into peers too) are visible system-wide, and returns on every thread whether it was the
+// grid's last. The last raises the arrived flags at once: no CTA waits on a barrier for the others.
+__device__ __forceinline__ bool arrive_last(uint32_t* sent) {
+  __shared__ int last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    last = atomicAdd(sent, 1u) == gridDim.x - 1;
+    if (last) __threadfence_system();  // every other CTA's stores, seen through their counts, before the flags
+  }
+  __syncthreads();
+  return last != 0;
 }
 
 // Waits poll with the first warp only: every CTA waits at once, and a poller per thread of every
@@ -203,23 +234,63 @@ __device__ __forceinline__ int32_t number_slots(const MoeDispatchParams& p, int3
   return running;
 }
 
-// Phase 1, every thread of CTAs 0 .. ctas - 1: the closed forms for its experts, from the exchanged counts.
-__device__ __forceinline__ void lay_out(const MoeDispatchParams& p, int32_t cta, int32_t ctas) {
+// The small layout's phase 0, all threads of one CTA: numbers this rank's slots of every expert in
+// token order (pos) in one pass and leaves each expert's count in counts[e]. A warp takes 32 entries
+// at a time; the lanes of one expert take consecutive numbers (__match_any_sync). The entries (at
+// most kMoeSmallEntries) are first read into `experts` together: one memory round trip, not one per
+// 32 entries.
+template <class IdxT>
+__device__ __forceinline__ void number_all_slots(const MoeDispatchParams& p, int32_t* experts, int32_t* counts) {
+  const int32_t entries = p.c.tokens * p.c.plan.topk;
+  for (int32_t i = threadIdx.x; i < entries; i += blockDim.x) experts[i] = expert_at<IdxT>(p, i);
+  for (int32_t e = threadIdx.x; e < p.c.plan.experts; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    for (int32_t base = 0; base < entries; base += 32) {
+      const int32_t i = base + lane;
+      const int32_t e = i < entries ? experts[i] : -1;
+      const uint32_t same = __match_any_sync(~0u, e);
+      const int leader = __ffs(same) - 1;
+      int32_t before = 0;
+      if (lane == leader && e >= 0) {
+        before = counts[e];
+        counts[e] = before + __popc(same);
+      }
+      before = __shfl_sync(~0u, before, leader);
+      if (e >= 0) p.pos[i] = before + __popc(same & ((1u << lane) - 1u));
+      __syncwarp();  // counts[] is read by the next round's leaders
+    }
+  }
+  __syncthreads();
+}
+
+// Phase 1, one thread, expert e, from the exchanged counts: this rank's run of e into run_row and
+// run_kept; where `record`, also the slots e drops and, for a local expert, its first and kept rows.
+__device__ __forceinline__ void lay_out_expert(const MoeDispatchParams& p, int32_t e, int32_t* run_row,
+                                               int32_t* run_kept, bool record) {
   const MoePlan& plan = p.c.plan;
   const int32_t me = p.c.transport.local_rank;
   const int32_t* counts = reinterpret_cast<const int32_t*>(p.c.workspace_here + plan.counts_offset);
-  for (int32_t e = cta * blockDim.x + threadIdx.x; e < plan.experts; e += ctas * blockDim.x) {
-    p.run_row[e] = plan.run_row(counts, me, e);
-    p.run_kept[e] = plan.run_kept(counts, me, e);
-    const int32_t kept = plan.kept_rows(counts, e);
-    const int32_t lost = plan.expert_total(counts, e) - kept;
-    if (lost > 0) atomicAdd(&p.dropped[0], lost);
-    if (plan.rank_of_expert(e) == me) {
-      const int32_t l = plan.local_expert(e);
-      p.c.expert_start[l] = plan.first_row(counts, e);
-      p.c.expert_rows[l] = kept;
-      if (lost > 0) atomicAdd(&p.dropped[1], lost);
-    }
+  run_row[e] = plan.run_row(counts, me, e);
+  run_kept[e] = plan.run_kept(counts, me, e);
+  if (!record) return;
+  const int32_t kept = plan.kept_rows(counts, e);
+  const int32_t lost = plan.expert_total(counts, e) - kept;
+  if (lost > 0) atomicAdd(&p.dropped[0], lost);
+  if (plan.rank_of_expert(e) == me) {
+    const int32_t l = plan.local_expert(e);
+    p.c.expert_start[l] = plan.first_row(counts, e);
+    p.c.expert_rows[l] = kept;
+    if (lost > 0) atomicAdd(&p.dropped[1], lost);
+  }
+}
+
+// Phase 1, every thread of CTAs 0 .. ctas - 1: the layout of their share of the experts, in the
+// call's scratch.
+__device__ __forceinline__ void lay_out(const MoeDispatchParams& p, int32_t cta, int32_t ctas) {
+  for (int32_t e = cta * blockDim.x + threadIdx.x; e < p.c.plan.experts; e += ctas * blockDim.x) {
+    lay_out_expert(p, e, p.run_row, p.run_kept, /*record=*/true);
   }
 }
 
@@ -237,8 +308,8 @@ __device__ __forceinline__ void report_drops(const MoeDispatchParams& p, uint64_
 
 // Top-k entry i's receive row at its expert's rank (e: its expert, -1 for unused), or -1 where unused
 // or dropped: the plan's kept_row with this rank's run of e and the entry's slot number.
-__device__ __forceinline__ int32_t entry_row(const MoeDispatchParams& p, int32_t e, int64_t i) {
-  return e >= 0 ? MoePlan::kept_row(p.run_row[e], p.run_kept[e], p.pos[i]) : -1;
+__device__ __forceinline__ int32_t entry_row(const MoeDispatchParams& p, MoeRuns runs, int32_t e, int64_t i) {
+  return e >= 0 ? MoePlan::kept_row(runs.row[e], runs.kept[e], p.pos[i]) : -1;
 }
 
 // One thread: entry i (token x k + j) of this rank's kept slot's MoeSlot into rank d's slot `row`, as
@@ -256,9 +327,9 @@ __device__ __forceinline__ void store_slot(const MoeDispatchParams& p, int32_t d
 // Phase 2's first step for top-k entry i (token x k + j) of expert e (-1 unused), on the thread of
 // position j: its receive row (-1 unused or dropped), recorded at home (for the combine) and in the
 // token's shared row/expert words (for MoePlan::primary_of in the second step).
-__device__ __forceinline__ int32_t lay_entry(const MoeDispatchParams& p, int64_t i, int32_t j, int32_t e,
-                                             int32_t* row, int32_t* expert) {
-  const int32_t r = entry_row(p, e, i);
+__device__ __forceinline__ int32_t lay_entry(const MoeDispatchParams& p, MoeRuns runs, int64_t i, int32_t j,
+                                             int32_t e, int32_t* row, int32_t* expert) {
+  const int32_t r = entry_row(p, runs, e, i);
   row[j] = r;
   expert[j] = e;
   p.c.home_row[i] = r;
@@ -280,13 +351,13 @@ __device__ __forceinline__ int32_t store_entry_slot(const MoeDispatchParams& p, 
 // Phase 2, all threads of the CTA, for one token: metadata of its kept slots, its row once per
 // destination rank. row/expert/primary: shared, one entry per top-k position.
 template <class IdxT>
-__device__ __forceinline__ void send_token(const MoeDispatchParams& p, int32_t token, int32_t* row, int32_t* expert,
-                                           int32_t* primary) {
+__device__ __forceinline__ void send_token(const MoeDispatchParams& p, MoeRuns runs, int32_t token, int32_t* row,
+                                           int32_t* expert, int32_t* primary) {
   const MoePlan& plan = p.c.plan;
   const device::NvlinkTransport& t = p.c.transport;
   const int32_t k = plan.topk, j = threadIdx.x;
   const int64_t i = static_cast<int64_t>(token) * k + j;
-  if (j < k) lay_entry(p, i, j, expert_at<IdxT>(p, i), row, expert);
+  if (j < k) lay_entry(p, runs, i, j, expert_at<IdxT>(p, i), row, expert);
   __syncthreads();
   if (j < k) primary[j] = store_entry_slot(p, i, j, row, expert);
   __syncthreads();
@@ -304,14 +375,14 @@ __device__ __forceinline__ void send_token(const MoeDispatchParams& p, int32_t t
 // NCCL's all_to_all speed). Lane j takes top-k entry j; row and expert: this warp's shared slots,
 // for MoePlan::primary_of, the rule the CTA version and the CPU tests use.
 template <class IdxT>
-__device__ __forceinline__ void send_token_warp(const MoeDispatchParams& p, int32_t token, int32_t* row,
-                                                int32_t* expert) {
+__device__ __forceinline__ void send_token_warp(const MoeDispatchParams& p, MoeRuns runs, int32_t token,
+                                                int32_t* row, int32_t* expert) {
   const MoePlan& plan = p.c.plan;
   const device::NvlinkTransport& t = p.c.transport;
   const int32_t k = plan.topk, j = static_cast<int32_t>(threadIdx.x % 32);
   const int64_t i = static_cast<int64_t>(token) * k + j;
   const int32_t e = j < k ? expert_at<IdxT>(p, i) : -1;
-  const int32_t r = j < k ? lay_entry(p, i, j, e, row, expert) : -1;
+  const int32_t r = j < k ? lay_entry(p, runs, i, j, e, row, expert) : -1;
   __syncwarp();
   const int32_t first = j < k ? store_entry_slot(p, i, j, row, expert) : -1;
   const char* src = p.x + static_cast<int64_t>(token) * plan.row_bytes;

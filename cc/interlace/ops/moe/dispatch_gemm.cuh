@@ -135,7 +135,7 @@ __device__ __forceinline__ void lay_token_warp(const MoeDispatchParams& p, bool 
   const int32_t k = p.c.plan.topk, j = static_cast<int32_t>(threadIdx.x % 32);
   const int64_t i = static_cast<int64_t>(token) * k + j;
   const int32_t e = j < k ? expert_of_entry(p, wide, i) : -1;
-  if (j < k) lay_entry(p, i, j, e, row, expert);
+  if (j < k) lay_entry(p, MoeRuns{p.run_row, p.run_kept}, i, j, e, row, expert);
   __syncwarp();
   if (j < k && e >= 0) {
     const int32_t first = store_entry_slot(p, i, j, row, expert);

@@ -21,6 +21,11 @@
 //      arrived_flag(me, l) on every rank for every l;
 //   3. with every source's rows here, warps fill each secondary slot's row from its primary (a
 //      local copy: the token crossed NVLink once per rank).
+// The small layout (at most kMoeSmallEntries top-k entries here, kMoeSmallExperts experts): the same
+// phases without grid barriers. In 0, CTA 0 numbers every expert's slots (number_all_slots) and
+// raises counts_flag(me) itself; in 1, every CTA lays out every expert for itself, into shared
+// memory (CTA 0 alone also records the drops and the local experts' rows); at the end of 2, each CTA
+// counts itself done (arrive_last) and the last raises the arrived flags.
 // moe_combine, per call:
 //   0. warp per kept receive row: the expert's output row to its home rank's combine buffer, row
 //      token x k + j. Grid barrier; CTA 0 raises combined_flag(e) on every rank for its experts;
@@ -50,34 +55,60 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_dispatch_kernel(const __gr
   __shared__ int32_t warp_hits[kMoeWarps];
   __shared__ int32_t row[kMoeMaxTopk], expert[kMoeMaxTopk], primary[kMoeMaxTopk];
   __shared__ int32_t warp_row[kMoeWarps][32], warp_expert[kMoeWarps][32];
+  __shared__ int32_t small_runs[2][kMoeSmallExperts];  // the small layout's run_row, run_kept
+  __shared__ int32_t small_entries[kMoeSmallEntries];  // CTA 0's copy of the routing there
+  const bool small = c.tokens * plan.topk <= kMoeSmallEntries && plan.experts <= kMoeSmallExperts;
   if (threadIdx.x == 0) {
     n = op_number(t);
     failed = 0;
-    if (blockIdx.x == 0) p.dropped[0] = p.dropped[1] = 0;
+    if (blockIdx.x == 0) p.dropped[0] = p.dropped[1] = *p.sent = 0;
   }
   __syncthreads();
 
   // 0: counts.
-  for (int32_t e = blockIdx.x; e < plan.experts; e += gridDim.x) {
-    const int32_t count = number_slots<IdxT>(p, e, warp_hits);
-    if (threadIdx.x < plan.world) {
-      *reinterpret_cast<int32_t*>(t.heaps[threadIdx.x] + c.workspace + plan.count_offset(me, e)) = count;
+  if (small) {
+    if (blockIdx.x == 0) {
+      int32_t* counts = small_runs[0];
+      number_all_slots<IdxT>(p, small_entries, counts);
+      for (int32_t i = threadIdx.x; i < plan.world * plan.experts; i += blockDim.x) {
+        const int32_t d = i / plan.experts, e = i % plan.experts;
+        *reinterpret_cast<int32_t*>(t.heaps[d] + c.workspace + plan.count_offset(me, e)) = counts[e];
+      }
+      __syncthreads();
+      raise_everywhere(c, flags, plan.counts_flag(me), 1, n);
+    }
+  } else {
+    for (int32_t e = blockIdx.x; e < plan.experts; e += gridDim.x) {
+      const int32_t count = number_slots<IdxT>(p, e, warp_hits);
+      if (threadIdx.x < plan.world) {
+        *reinterpret_cast<int32_t*>(t.heaps[threadIdx.x] + c.workspace + plan.count_offset(me, e)) = count;
+      }
+    }
+    arrive(flags, n, 0, blockIdx.x);
+    if (blockIdx.x == 0) {
+      if (!await_all(flags, n, 0, gridDim.x, c.wait, &failed)) return;
+      raise_everywhere(c, flags, plan.counts_flag(me), 1, n);
     }
   }
-  arrive(flags, n, 0, blockIdx.x);
-  if (blockIdx.x == 0) {
-    if (!await_all(flags, n, 0, gridDim.x, c.wait, &failed)) return;
-    raise_everywhere(c, flags, plan.counts_flag(me), 1, n);
-  }
 
-  // 1: the layout. Waiting for this rank's own counts flag also waits for every CTA's phase 0 here.
+  // 1: the layout. Waiting for this rank's own counts flag also waits for phase 0 here (every CTA's,
+  // or CTA 0's numbering of every slot).
   if (!await_flags(c, flags, plan.counts_flag(0), plan.world, n, FlagId::kCounts, [](int32_t s) { return s; },
                    &failed)) {
     return;
   }
-  lay_out(p, blockIdx.x, gridDim.x);
-  arrive(flags, n, 1, blockIdx.x);
-  if (!await_all(flags, n, 1, gridDim.x, c.wait, &failed)) return;
+  MoeRuns runs{p.run_row, p.run_kept};
+  if (small) {
+    for (int32_t e = threadIdx.x; e < plan.experts; e += blockDim.x) {
+      lay_out_expert(p, e, small_runs[0], small_runs[1], /*record=*/blockIdx.x == 0);
+    }
+    __syncthreads();
+    runs = MoeRuns{small_runs[0], small_runs[1]};
+  } else {
+    lay_out(p, blockIdx.x, gridDim.x);
+    arrive(flags, n, 1, blockIdx.x);
+    if (!await_all(flags, n, 1, gridDim.x, c.wait, &failed)) return;
+  }
   if (blockIdx.x == 0 && threadIdx.x == 0) report_drops(p, n);
 
   // 2: tokens out.
@@ -86,17 +117,21 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_dispatch_kernel(const __gr
   if (plan.topk <= 32 && c.tokens > static_cast<int32_t>(gridDim.x)) {
     const int32_t w = static_cast<int32_t>(threadIdx.x / 32);
     for (int32_t token = blockIdx.x * kMoeWarps + w; token < c.tokens; token += gridDim.x * kMoeWarps) {
-      send_token_warp<IdxT>(p, token, warp_row[w], warp_expert[w]);
+      send_token_warp<IdxT>(p, runs, token, warp_row[w], warp_expert[w]);
     }
   } else {
     for (int32_t token = blockIdx.x; token < c.tokens; token += gridDim.x) {
-      send_token<IdxT>(p, token, row, expert, primary);
+      send_token<IdxT>(p, runs, token, row, expert, primary);
     }
   }
-  arrive(flags, n, 2, blockIdx.x);
-  if (blockIdx.x == 0) {
-    if (!await_all(flags, n, 2, gridDim.x, c.wait, &failed)) return;
-    raise_everywhere(c, flags, plan.arrived_flag(me, 0), L, n);
+  if (small) {
+    if (arrive_last(p.sent)) raise_everywhere(c, flags, plan.arrived_flag(me, 0), L, n);
+  } else {
+    arrive(flags, n, 2, blockIdx.x);
+    if (blockIdx.x == 0) {
+      if (!await_all(flags, n, 2, gridDim.x, c.wait, &failed)) return;
+      raise_everywhere(c, flags, plan.arrived_flag(me, 0), L, n);
+    }
   }
 
   // 3: secondary slots from their primaries, once every source's rows are here.

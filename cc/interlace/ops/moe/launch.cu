@@ -40,6 +40,7 @@ MoeDispatchScratch moe_dispatch_scratch(const MoePlan& plan, bool lists) {
   s.run_row = entries_bytes;
   s.run_kept = s.run_row + experts_bytes;
   s.dropped = s.run_kept + experts_bytes;
+  s.sent = s.dropped + 2 * sizeof(int32_t);
   s.bytes = s.dropped + kMoeBufferAlign;
   if (lists) {
     s.slot_start = s.bytes;
@@ -74,6 +75,7 @@ MoeDispatchParams moe_dispatch_params(Group& group, const OpCall& call, uint64_t
   p.run_row = reinterpret_cast<int32_t*>(base + at.run_row);
   p.run_kept = reinterpret_cast<int32_t*>(base + at.run_kept);
   p.dropped = reinterpret_cast<int32_t*>(base + at.dropped);
+  p.sent = reinterpret_cast<uint32_t*>(base + at.sent);
   return p;
 }
 
