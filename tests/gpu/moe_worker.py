@@ -159,8 +159,10 @@ def cases():
         Case("mixtral-like: 2 per rank, top-2, hidden 4096", 2 * WORLD, 2, 4096, 512, r, seed=24)
     # More top-k entries than a warp has lanes: the CTA-per-token send, the sums' entries in two rounds.
     yield Case("random top-k 40", 48 * WORLD, 40, 320, 24, r, seed=25)
-    # More top-k entries than moe_dispatch's small layout takes (2048): every CTA numbers some experts'
-    # slots and the phases meet at grid barriers. The cases above take the small layout.
+    # moe_dispatch's small layout takes at most 512 top-k entries (the cases above with fewer): the
+    # most it takes; then more, where every CTA numbers some experts' slots and the phases meet at
+    # grid barriers (and the cases above with more).
+    yield Case("random, 256 tokens top-2 (the small layout's most)", E8, 2, 256, 256, r, seed=28)
     yield Case("random, 1100 tokens top-2 (the grid's layout)", E8, 2, 256, 1100, r, seed=26)
     yield Case("zipf, 64 experts per rank, 300 tokens top-8 (the grid's layout)", 64 * WORLD, 8, 256, 300, route_zipf,
                kind="per_rank", seed=27)

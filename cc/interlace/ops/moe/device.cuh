@@ -20,10 +20,11 @@ static_assert(kMoeThreads >= kMaxLocalRanks, "op_begin needs a thread per peer")
 
 // moe_dispatch's small layout (ops/moe/kernel.cuh), for at most this many top-k entries on the rank
 // and experts in all: one CTA numbers the slots, every CTA lays the runs out for itself in shared
-// memory, and no phase waits for a grid barrier. A decode (128 tokens) spent most of its time in
-// the three barriers (Mixtral-like, twenty-sixth session); 4096 tokens are numbered faster by many
-// CTAs, an expert each.
-constexpr int32_t kMoeSmallEntries = 2048;
+// memory, and no phase waits for a grid barrier. The Mixtral-like decode (256 entries) spent most of
+// its time in the three barriers: 27 -> 21 us under graphs. One warp numbers 32 entries at a time,
+// so more entries are numbered faster by many CTAs, an expert each: the DeepSeek-like decode (1024)
+// took 41 -> 42 us. (1 x H100, bench/results/moe_small_layout_1xH100.log.)
+constexpr int32_t kMoeSmallEntries = 512;
 constexpr int32_t kMoeSmallExperts = 1024;
 
 // What both kernels share: where the handle's workspace is, its local arrays.
