@@ -95,6 +95,8 @@ __device__ __forceinline__ void arrive(MoeFlags& f, uint64_t n, uint64_t phase, 
 // All threads, at the end of the small layout's phase 2: counts this CTA done in `sent`, once its
 // stores (into peers too) are visible system-wide, and returns on every thread whether it was the
 // grid's last. The last raises the arrived flags at once: no CTA waits on a barrier for the others.
+// Not device::last_cta_to_arrive: the CTAs' rows went to peers, so the fences are system-wide, and
+// `sent` is the call's scratch, zeroed by CTA 0 each call, so a call cut short leaves no count behind.
 __device__ __forceinline__ bool arrive_last(uint32_t* sent) {
   __shared__ int last;
   __syncthreads();
