@@ -6,6 +6,7 @@ need no communication. The reference layout walks the routing as ops/moe/plan.h 
 (moe_reference's order: per destination, local expert, source, token); the expert is a per-expert
 affine map in bf16, and the combine's reference is the fp32 sum over top-k entries in order of
 weight x the expert's output, rounded once: what interlace promises bit for bit."""
+import itertools
 import os
 import sys
 
@@ -163,6 +164,9 @@ def cases():
     # most it takes; then more, where every CTA numbers some experts' slots and the phases meet at
     # grid barriers (and the cases above with more).
     yield Case("random, 256 tokens top-2 (the small layout's most)", E8, 2, 256, 256, r, seed=28)
+    yield Case("random top-k 40, 12 tokens (the small layout, a CTA per token)", 48 * WORLD, 40, 320, 12, r, seed=29)
+    yield Case("the small layout on even ranks, the grid's on odd ones", E8, 2, 256,
+               [256 if s % 2 == 0 else 1100 for s in range(WORLD)], r, seed=30)
     yield Case("random, 1100 tokens top-2 (the grid's layout)", E8, 2, 256, 1100, r, seed=26)
     yield Case("zipf, 64 experts per rank, 300 tokens top-8 (the grid's layout)", 64 * WORLD, 8, 256, 300, route_zipf,
                kind="per_rank", seed=27)
@@ -284,9 +288,9 @@ def scenario_overflow():
     """A capacity below what the routing needs: kept slots are right, dropped ones add nothing, and
     group.check() raises once, naming moe_dispatch; the group stays usable."""
     group = interlace.init(heap_bytes=512 * MIB)
-    for kind in ("per_expert", "per_rank"):
-        case = Case(f"overflow {kind}", 4 * WORLD, 2, 256, 96, route_zipf, capacity=lambda need: max(need // 3, 1),
-                    kind=kind, seed=40)
+    for kind, tokens in itertools.product(("per_expert", "per_rank"), (96, 600)):  # moe_dispatch's two layouts
+        case = Case(f"overflow {kind}, {tokens} tokens", 4 * WORLD, 2, 256, tokens, route_zipf,
+                    capacity=lambda need: max(need // 3, 1), kind=kind, seed=40)
         assert case.capacity < case.needed_capacity()
         try:
             run_case(group, case)
@@ -307,8 +311,8 @@ def scenario_streams():
     dispatches, then both combines, issued back to back with no sync in between (the group orders them)."""
     group = interlace.init(heap_bytes=512 * MIB)
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
-    a = Case("stream 1", 4 * WORLD, 2, 256, 64, route_random, seed=50)
-    b = Case("stream 2", 4 * WORLD, 2, 256, 64, route_zipf, seed=51)
+    a = Case("stream 1", 4 * WORLD, 2, 256, 64, route_random, seed=50)  # moe_dispatch's small layout
+    b = Case("stream 2", 4 * WORLD, 2, 256, 600, route_zipf, seed=51)  # its grid layout
     ha = hb = None
     for _ in range(3):
         ha = run_case(group, a, handle=ha, stream=s1)
@@ -365,9 +369,16 @@ def captured(layer, stream):
 
 
 def scenario_graph():
-    """Dispatch, an expert map and combine captured in one CUDA graph, replayed with new routing."""
+    """Dispatch, an expert map and combine captured in one CUDA graph, replayed with new routing; at
+    64 tokens (moe_dispatch's small layout) and 600 (its grid layout)."""
     group = interlace.init(heap_bytes=512 * MIB)
-    E, k, H, T = 4 * WORLD, 2, 256, 64
+    for T in (64, 600):
+        graph_replays(group, T)
+    print(f"rank {RANK}: 2 x 20 graph replays correct")
+
+
+def graph_replays(group, T):
+    E, k, H = 4 * WORLD, 2, 256
     x, idx, w, out, capacity, handle = graph_buffers(group, E, k, H, T)
     stream = torch.cuda.Stream()
     expert_x = torch.from_dlpack(handle.expert_x)
@@ -395,7 +406,6 @@ def scenario_graph():
             acc = acc + case.weights[RANK][:, j:j + 1] * (case.x[RANK].float() * 2.0).to(torch.bfloat16).float()
         if not torch.equal(out.cpu(), acc.to(torch.bfloat16)):
             fail(case, "graph replay: combine differs from the reference")
-    print(f"rank {RANK}: 20 graph replays correct")
 
 
 def scenario_validation():

@@ -52,7 +52,8 @@ struct MoeDispatchParams {
   int32_t* run_row;          // [E]: this rank's run's first receive row for expert e (unclipped)
   int32_t* run_kept;         // [E]: its kept rows
   int32_t* dropped;          // [2]: slots dropped on all ranks, on this rank (zeroed in phase 0)
-  uint32_t* sent;            // [1]: CTAs done with phase 2 (the small layout's; zeroed in phase 0)
+  uint32_t* sent;            // [1]: CTAs done with phase 2 (the small layout's), zeroed by CTA 0 before it
+                             // raises counts_flag(me), which every CTA awaits before it adds
 };
 
 // This rank's run of each expert (first receive row, kept rows): the call's scratch, or a CTA's own

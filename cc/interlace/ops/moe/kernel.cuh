@@ -134,7 +134,9 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_dispatch_kernel(const __gr
     }
   }
 
-  // 3: secondary slots from their primaries, once every source's rows are here.
+  // 3: secondary slots from their primaries, once every source's rows are here. In the small layout
+  // this rank's own arrived flags, raised after every CTA's count in `sent`, are also what orders
+  // CTA 0's expert_start / expert_rows (phase 1) before for_kept_rows reads them here.
   if (!await_flags(c, flags, plan.arrived_flag(0, 0), plan.world * L, n, FlagId::kArrived,
                    [L](int32_t i) { return i / L; }, &failed)) {
     return;
