@@ -514,6 +514,14 @@ __device__ __forceinline__ void sum_slice(const MoeCombineParams& p, int64_t s, 
   }
 }
 
+// The combine's sums, on warp `warp` of the grid's `warps`: its share of this rank's tokens, in
+// slices of their rows (row_slices), kCopyDepth kept rows loaded at once.
+__device__ __forceinline__ void sum_tokens(const MoeCombineParams& p, int64_t warp, int64_t warps) {
+  const RowSlices slices = row_slices(p.c.plan, p.c.tokens, warps);
+  const int64_t count = static_cast<int64_t>(p.c.tokens) * slices.per_row;
+  for (int64_t i = warp; i < count; i += warps) sum_slice<kCopyDepth>(p, i, slices);
+}
+
 }  // namespace moe_detail
 
 }  // namespace interlace

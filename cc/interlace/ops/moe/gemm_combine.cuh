@@ -117,15 +117,10 @@ struct CombinePhases {
     }
     __syncthreads();
     if (failed) return;
-    // Every warp sums, a slice of a token's row at a time (row_slices), on the launch's even share of
-    // 168 registers (kEndRegisters), with kCopyDepth rows loaded at once; in the producer
+    // Every warp sums, on the launch's even share of 168 registers (kEndRegisters): in the producer
     // warpgroup's 40 the slice loop spilled.
-    const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
-    const RowSlices slices = row_slices(plan, c.tokens, warps);
-    const int64_t count = static_cast<int64_t>(c.tokens) * slices.per_row;
-    for (int64_t i = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; i < count; i += warps) {
-      sum_slice<kCopyDepth>(p.combine, i, slices);
-    }
+    const int64_t warps_per_cta = blockDim.x / 32;
+    sum_tokens(p.combine, blockIdx.x * warps_per_cta + threadIdx.x / 32, gridDim.x * warps_per_cta);
     device::op_end(t);
   }
 };

@@ -188,12 +188,8 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_combine_kernel(const __gri
                    [L](int32_t e) { return e / L; }, &failed)) {
     return;
   }
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * kMoeWarps;
-  const RowSlices slices = row_slices(plan, c.tokens, warps);
-  const int64_t count = static_cast<int64_t>(c.tokens) * slices.per_row;
-  for (int64_t i = blockIdx.x * kMoeWarps + threadIdx.x / 32; i < count; i += warps) {
-    sum_slice<kCopyDepth>(p, i, slices);
-  }
+  sum_tokens(p, static_cast<int64_t>(blockIdx.x) * kMoeWarps + threadIdx.x / 32,
+             static_cast<int64_t>(gridDim.x) * kMoeWarps);
   device::op_end(t);
 }
 
