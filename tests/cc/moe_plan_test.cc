@@ -120,7 +120,12 @@ void check_invariants(const MoePlan& p, const Routing& topk, const MoeReference&
       ASSERT_EQ(home.dest_rank, d);
       ASSERT_EQ(home.row, r);
       ASSERT_EQ(home.weight, slot.weight);
-      // The primary: same token, on this rank, its own primary, of the lowest kept expert.
+      // The primary: the slot itself on the token's own rank; elsewhere the same token's slot on
+      // this rank, its own primary, of the lowest kept expert.
+      if (slot.source_rank == d) {
+        ASSERT_EQ(slot.primary_row, r);
+        continue;
+      }
       const MoeSlot& primary = ref.slots[d][slot.primary_row];
       ASSERT_EQ(primary.source_rank, slot.source_rank);
       ASSERT_EQ(primary.source_token, slot.source_token);
@@ -139,35 +144,38 @@ void check_invariants(const MoePlan& p, const Routing& topk, const MoeReference&
     }
   }
 
-  // Travel: each (token, rank) pair at most once, in order, exactly when one of its slots there is
-  // kept (without drops: exactly when one of its experts is there), to the primary's row.
-  std::set<std::tuple<int, int, int>> travelled;
+  // Travel: each (token, other rank) pair at most once, exactly when one of its slots there is kept
+  // (without drops: exactly when one of its experts is there), to the primary's row; on the token's
+  // own rank once per kept slot, to that slot's row. In order of source, token, rank, row.
+  std::map<std::tuple<int, int, int>, int> travelled;
   for (size_t i = 0; i < ref.travels.size(); ++i) {
     const MoeTravel& t = ref.travels[i];
     if (i > 0) {
       const MoeTravel& prev = ref.travels[i - 1];
-      ASSERT_LT(std::make_tuple(prev.source_rank, prev.token, prev.dest_rank),
-                std::make_tuple(t.source_rank, t.token, t.dest_rank));
+      ASSERT_LT(std::make_tuple(prev.source_rank, prev.token, prev.dest_rank, prev.primary_row),
+                std::make_tuple(t.source_rank, t.token, t.dest_rank, t.primary_row));
     }
-    ASSERT_TRUE(travelled.insert({t.source_rank, t.token, t.dest_rank}).second);
+    ++travelled[{t.source_rank, t.token, t.dest_rank}];
     const MoeSlot& slot = ref.slots[t.dest_rank][t.primary_row];
     ASSERT_EQ(slot.source_rank, t.source_rank);
     ASSERT_EQ(slot.source_token, t.token);
     ASSERT_EQ(slot.primary_row, t.primary_row);
   }
-  int64_t pairs = 0;
+  int64_t writes = 0;
   for (int s = 0; s < W; ++s) {
     for (size_t t = 0; t < topk[s].size() / k; ++t) {
       for (int d = 0; d < W; ++d) {
-        bool routed = false, kept = false;
+        int routed = 0, kept = 0;
         for (int j = 0; j < k; ++j) {
           const int32_t e = topk[s][t * k + j];
           if (e < 0 || p.rank_of_expert(e) != d) continue;
-          routed = true;
-          kept = kept || ref.home[s][t * k + j].row >= 0;
+          ++routed;
+          kept += ref.home[s][t * k + j].row >= 0;
         }
-        pairs += routed;
-        ASSERT_EQ(travelled.count({s, static_cast<int>(t), d}), kept ? 1u : 0u);
+        const int want = d == s ? kept : std::min(kept, 1);
+        writes += d == s ? routed : std::min(routed, 1);
+        const auto it = travelled.find({s, static_cast<int>(t), d});
+        ASSERT_EQ(it == travelled.end() ? 0 : it->second, want) << "source " << s << " token " << t << " rank " << d;
         if (!ref.overflow) {
           ASSERT_EQ(kept, routed);
         }
@@ -175,7 +183,7 @@ void check_invariants(const MoePlan& p, const Routing& topk, const MoeReference&
     }
   }
   if (!ref.overflow) {
-    ASSERT_EQ(static_cast<int64_t>(ref.travels.size()), pairs);
+    ASSERT_EQ(static_cast<int64_t>(ref.travels.size()), writes);
   }
 }
 
@@ -216,19 +224,22 @@ TEST(MoePlan, HandWorkedPerExpertWithOverflow) {
   EXPECT_EQ(ref.kept_rows, (std::vector<int32_t>{3, 3, 3, 2}));
   EXPECT_EQ(ref.dropped, (std::vector<int64_t>{0, 1}));
   EXPECT_TRUE(ref.overflow);
-  // s0 t0 travels once to rank 0 (both its experts live there): row 0 for e0, row 3 copies it. s0 t2
-  // goes to rank 1 once, landing in e2's row 1 (its lower expert), e3's row 3 copying it. s1 t2's
-  // only slot on rank 1 was dropped, so nothing goes there.
-  expect_travels(ref, {{0, 0, 0, 0}, {0, 1, 0, 1}, {0, 1, 1, 0}, {0, 2, 1, 1}, {1, 0, 0, 4}, {1, 0, 1, 2},
-                       {1, 1, 0, 2}, {1, 1, 1, 4}, {1, 2, 0, 5}});
-  const MoeSlot& secondary = ref.slots[0][3];
+  // s0 t0's experts both live on its own rank 0: its row goes straight into both slots, rows 0 and 3.
+  // s0 t2 goes to rank 1 once, landing in e2's row 1 (its lower expert), e3's row 3 copying it. s1
+  // t2's only slot on rank 1 was dropped, so nothing goes there.
+  expect_travels(ref, {{0, 0, 0, 0}, {0, 0, 0, 3}, {0, 1, 0, 1}, {0, 1, 1, 0}, {0, 2, 1, 1}, {1, 0, 0, 4},
+                       {1, 0, 1, 2}, {1, 1, 0, 2}, {1, 1, 1, 4}, {1, 2, 0, 5}});
+  const MoeSlot& own = ref.slots[0][3];
+  EXPECT_EQ(own.source_rank, 0);
+  EXPECT_EQ(own.source_token, 0);
+  EXPECT_EQ(own.topk_pos, 1);
+  EXPECT_EQ(own.primary_row, 3);
+  EXPECT_EQ(own.weight, 0.25f);
+  const MoeSlot& secondary = ref.slots[1][3];  // s0 t2's e3 slot
   EXPECT_EQ(secondary.source_rank, 0);
-  EXPECT_EQ(secondary.source_token, 0);
-  EXPECT_EQ(secondary.topk_pos, 1);
-  EXPECT_EQ(secondary.primary_row, 0);
-  EXPECT_EQ(secondary.weight, 0.25f);
-  EXPECT_EQ(ref.slots[1][3].primary_row, 1);  // s0 t2's e3 slot
-  EXPECT_EQ(ref.slots[1][3].weight, 3.0f);
+  EXPECT_EQ(secondary.source_token, 2);
+  EXPECT_EQ(secondary.primary_row, 1);
+  EXPECT_EQ(secondary.weight, 3.0f);
   EXPECT_EQ(ref.home[1][5].dest_rank, 0);
   EXPECT_EQ(ref.home[1][5].expert, 1);
   EXPECT_EQ(ref.home[1][5].weight, 10.0f);
@@ -248,7 +259,7 @@ TEST(MoePlan, HandWorkedPerExpertNoOverflow) {
   expect_home(ref, 0, {0, 4, 0, 1, 4, 1});
   expect_home(ref, 1, {5, 2, 2, 5, 3, 6});
   EXPECT_FALSE(ref.overflow);
-  EXPECT_EQ(ref.travels.size(), 10u);  // every (token, rank) pair once
+  EXPECT_EQ(ref.travels.size(), 11u);  // every (token, other rank) pair once, s0 t0 into both its slots
   EXPECT_EQ(ref.slots[0][0].weight, 1.0f);  // no weights given: 1
   check_invariants(p, kHandRouting, ref);
 }
@@ -268,23 +279,45 @@ TEST(MoePlan, HandWorkedPerRank) {
   EXPECT_EQ(p.region_start(c, 3), 4);
   EXPECT_EQ(p.region_end(3), 5);
   // s1 t1 and s1 t2 each lost their only slot on one rank: those two pairs do not travel.
-  expect_travels(ref, {{0, 0, 0, 0}, {0, 1, 0, 1}, {0, 1, 1, 0}, {0, 2, 1, 1}, {1, 0, 0, 4}, {1, 0, 1, 2},
-                       {1, 1, 0, 2}, {1, 2, 1, 3}});
+  expect_travels(ref, {{0, 0, 0, 0}, {0, 0, 0, 3}, {0, 1, 0, 1}, {0, 1, 1, 0}, {0, 2, 1, 1}, {1, 0, 0, 4},
+                       {1, 0, 1, 2}, {1, 1, 0, 2}, {1, 2, 1, 3}});
   check_invariants(p, kHandRouting, ref);
 }
 
 TEST(MoePlan, PrimaryIsTheLowestKeptExpert) {
-  // W = 1, E = 2, capacity 1 per expert: t0 {0, unused}, t1 {1, 0}. t1's e0 slot comes second in e0's
-  // region and is dropped, so t1 lands in its e1 slot (row 1), the lowest expert it kept.
-  const MoePlan p = make_moe_plan(shape_of(1, 2, 2, 2, 1));
-  const Routing routing = {{0, -1, 1, 0}};
+  // W = 2, E = 4 (e2, e3 on rank 1), capacity 1 per expert; rank 0: t0 {2, unused}, t1 {3, 2}. t1's e2
+  // slot comes second in e2's region and is dropped, so t1 lands in its e3 slot (row 1), the lowest
+  // expert it kept on rank 1.
+  const MoePlan p = make_moe_plan(shape_of(2, 4, 2, 2, 1));
+  const Routing routing = {{2, -1, 3, 2}, {}};
   const MoeReference ref = moe_reference(p, routing);
   expect_home(ref, 0, {0, -1, 1, -1});
-  expect_travels(ref, {{0, 0, 0, 0}, {0, 1, 0, 1}});
-  EXPECT_EQ(ref.slots[0][1].primary_row, 1);
-  EXPECT_EQ(ref.slots[0][1].topk_pos, 0);
+  expect_travels(ref, {{0, 0, 1, 0}, {0, 1, 1, 1}});
+  EXPECT_EQ(ref.slots[1][1].primary_row, 1);
+  EXPECT_EQ(ref.slots[1][1].topk_pos, 0);
   EXPECT_EQ(ref.home[0][1].expert, -1);  // the unused entry
   check_invariants(p, routing, ref);
+}
+
+void check_kernel_rules(const MoePlan& p, const Routing& topk, const MoeReference& ref);
+
+TEST(MoePlan, OwnRankSlotsAreTheirOwnPrimaries) {
+  // W = 2, E = 4 (e0, e1 on rank 0), k 2, capacity 2 per expert; both ranks' t0 picks {1, 0}. Rank 0's
+  // token is written into both its slots (e0 row 0, e1 row 2): no fill reads it back. Rank 1's
+  // crosses once, into its e0 slot (row 1); its e1 slot (row 3) names that row.
+  const MoePlan p = make_moe_plan(shape_of(2, 4, 2, 1, 2));
+  const Routing routing = {{1, 0}, {1, 0}};
+  const MoeReference ref = moe_reference(p, routing);
+  expect_home(ref, 0, {2, 0});
+  expect_home(ref, 1, {3, 1});
+  expect_travels(ref, {{0, 0, 0, 0}, {0, 0, 0, 2}, {1, 0, 0, 1}});
+  EXPECT_EQ(ref.slots[0][0].primary_row, 0);
+  EXPECT_EQ(ref.slots[0][2].primary_row, 2);
+  EXPECT_EQ(ref.slots[0][1].primary_row, 1);
+  EXPECT_EQ(ref.slots[0][3].primary_row, 1);
+  EXPECT_EQ(ref.slots[0][3].source_rank, 1);
+  check_invariants(p, routing, ref);
+  check_kernel_rules(p, routing, ref);
 }
 
 TEST(MoePlan, WorkspaceAndFlags) {
@@ -367,7 +400,7 @@ TEST(MoePlan, EveryTokenToOneRank) {
   EXPECT_EQ(moe_no_drop_capacity(fits), 4 * T);
   MoeReference ref = moe_reference(make_moe_plan(fits), routing);
   EXPECT_FALSE(ref.overflow);
-  EXPECT_EQ(ref.travels.size(), 4u * T);  // each token once, though it has 2 slots there
+  EXPECT_EQ(ref.travels.size(), 5u * T);  // the other ranks' tokens once, though each has 2 slots there
   for (const MoeTravel& t : ref.travels) EXPECT_EQ(t.dest_rank, 2);
   for (int d : {0, 1, 3}) {
     for (const MoeSlot& slot : ref.slots[d]) EXPECT_EQ(slot.source_rank, -1);
@@ -380,7 +413,7 @@ TEST(MoePlan, EveryTokenToOneRank) {
   EXPECT_EQ(ref.dropped, (std::vector<int64_t>{0, 0, 2, 0}));
   EXPECT_EQ(ref.home[3][(T - 1) * 2].row, -1);
   EXPECT_EQ(ref.home[3][(T - 1) * 2 + 1].row, -1);
-  EXPECT_EQ(ref.travels.size(), 4u * T - 1);
+  EXPECT_EQ(ref.travels.size(), 5u * T - 1);
   check_invariants(tight, routing, ref);
 
   // Per rank: the rank needs W x T x 2 rows.
@@ -394,11 +427,13 @@ TEST(MoePlan, EveryTokenToOneRank) {
 
 TEST(MoePlan, TokenWhoseExpertsAllLiveOnOneRank) {
   // W 2, E 16 (8 per rank), k 8: rank 0's token 0 picks all of rank 1's experts, in a scrambled
-  // order. It travels once, landing in expert 8's slot; the other 7 slots name that row.
+  // order. It travels once, landing in expert 8's slot; the other 7 slots name that row. Its token 1
+  // picks all of rank 0's own experts: written into each of their slots (expert e's first, row 2e).
   const MoePlan p = make_moe_plan(shape_of(2, 16, 8, 2, 2));
   const Routing routing = {{13, 8, 15, 9, 12, 10, 14, 11, 0, 1, 2, 3, 4, 5, 6, 7}, {}};
   const MoeReference ref = moe_reference(p, routing);
-  expect_travels(ref, {{0, 0, 1, 0}, {0, 1, 0, 0}});
+  expect_travels(ref, {{0, 0, 1, 0}, {0, 1, 0, 0}, {0, 1, 0, 2}, {0, 1, 0, 4}, {0, 1, 0, 6}, {0, 1, 0, 8},
+                       {0, 1, 0, 10}, {0, 1, 0, 12}, {0, 1, 0, 14}});
   int secondaries = 0;
   for (int32_t r = 0; r < p.recv_rows; ++r) {
     const MoeSlot& slot = ref.slots[1][r];
@@ -473,7 +508,7 @@ void check_kernel_rules(const MoePlan& p, const Routing& topk, const MoeReferenc
       }
       for (int32_t j = 0; j < k; ++j) {
         if (row[j] < 0) continue;
-        const int32_t first = p.primary_of(expert.data(), row.data(), j);
+        const int32_t first = p.primary_of(expert.data(), row.data(), j, s);
         const MoeSlot& slot = ref.slots[p.rank_of_expert(expert[j])][row[j]];
         ASSERT_EQ(row[first], slot.primary_row) << "source " << s << " token " << t << " entry " << j;
       }

@@ -219,11 +219,13 @@ def check_dispatch(case, handle, expert_x, row_of, counts, starts, kept):
             w_bits = torch.tensor([float(case.weights[s][t, j])], dtype=torch.float32).view(torch.int32).item()
             if got[3] != w_bits:
                 fail(case, f"slot {r}: weight bits {got[3]} != {w_bits}")
-            # The primary: the kept slot of the token's lowest-numbered expert on this rank.
+            # The primary: the slot itself for this rank's own tokens (written straight from x), else
+            # the kept slot of the token's lowest-numbered expert on this rank.
             here = [(int(case.idx[s][t, q]), int(row_of[s][t, q])) for q in range(case.topk)
                     if int(case.idx[s][t, q]) >= 0 and int(case.idx[s][t, q]) // L == RANK and row_of[s][t, q] >= 0]
-            if got[2] != min(here)[1]:
-                fail(case, f"slot {r}: primary row {got[2]} != {min(here)[1]}")
+            want = r if s == RANK else min(here)[1]
+            if got[2] != want:
+                fail(case, f"slot {r}: primary row {got[2]} != {want}")
             expert_out[r] = case.expert_fn(ex[r:r + 1], e)[0]
     return expert_out.cuda()
 

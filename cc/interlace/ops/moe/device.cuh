@@ -146,29 +146,43 @@ __device__ __forceinline__ void raise_everywhere(const MoeCommonParams& c, MoeFl
   }
 }
 
-// One warp: bytes (a multiple of 16) from src to dst in 16-byte vectors, in rounds of kDepth loads
-// per lane before their stores. One load in flight per lane made a row wait a memory round trip per
-// 512 bytes, which set the whole dispatch's pace on moe_dispatch_gemm's few copier SMs; so does a
-// row's tail taken a vector at a time, hence the last round's loads are predicated, not looped.
-// kDepth is what the caller's registers allow: the moe kernels' 128 per thread hold 8 comfortably.
+// `threads` threads (this one is `thread`): bytes (a multiple of 16) from src to every destination
+// that for_each_dst names, in 16-byte vectors, in rounds of kDepth loads per thread before their
+// stores. for_each_dst(store) calls store(dst) once per destination (uint4*): a vector is loaded
+// once however many destinations take it, and stores do not wait, so a row into a few places costs
+// about what one does. One load in flight per thread made a row wait a memory round trip per 512
+// bytes, which set the whole dispatch's pace on moe_dispatch_gemm's few copier SMs; so does a row's
+// tail taken a vector at a time, hence the last round's loads are predicated, not looped. The same
+// trip count on every thread (a warp's for_each_dst may shuffle). kDepth is what the caller's
+// registers allow: the moe kernels' 128 per thread hold 8 comfortably.
 constexpr int kCopyDepth = 8;
-template <int kDepth = kCopyDepth>
-__device__ __forceinline__ void warp_copy(char* dst, const char* src, int64_t bytes) {
-  const int lane = threadIdx.x % 32;
-  uint4* d = reinterpret_cast<uint4*>(dst);
+template <int kDepth = kCopyDepth, class ForEachDst>
+__device__ __forceinline__ void copy_to_each(int thread, int threads, const char* src, int64_t bytes,
+                                             ForEachDst for_each_dst) {
   const uint4* s = reinterpret_cast<const uint4*>(src);
   const int64_t vectors = bytes / 16;
-  for (int64_t round = lane; round < vectors; round += kDepth * 32) {
+  for (int64_t round = 0; round < vectors; round += kDepth * threads) {
     uint4 held[kDepth];
 #pragma unroll
     for (int u = 0; u < kDepth; ++u) {
-      if (round + u * 32 < vectors) held[u] = s[round + u * 32];
+      const int64_t v = round + thread + u * threads;
+      if (v < vectors) held[u] = s[v];
     }
+    for_each_dst([&](uint4* d) {
 #pragma unroll
-    for (int u = 0; u < kDepth; ++u) {
-      if (round + u * 32 < vectors) d[round + u * 32] = held[u];
-    }
+      for (int u = 0; u < kDepth; ++u) {
+        const int64_t v = round + thread + u * threads;
+        if (v < vectors) d[v] = held[u];
+      }
+    });
   }
+}
+
+// One warp: bytes (a multiple of 16) from src to dst.
+template <int kDepth = kCopyDepth>
+__device__ __forceinline__ void warp_copy(char* dst, const char* src, int64_t bytes) {
+  copy_to_each<kDepth>(static_cast<int>(threadIdx.x % 32), 32, src, bytes,
+                       [dst](auto store) { store(reinterpret_cast<uint4*>(dst)); });
 }
 
 // Calls fn(row) for every kept receive row of this rank's local experts, one warp per row over the
@@ -342,18 +356,20 @@ __device__ __forceinline__ int32_t lay_entry(const MoeDispatchParams& p, MoeRuns
 }
 
 // Phase 2's second step, once the token's row/expert words are all written: where entry i (position
-// j) is kept, its MoeSlot at its rank, and the position of its token's primary slot on that rank (the
-// kept entry of the lowest-numbered expert there); -1 where not kept.
+// j) is kept, its MoeSlot at its rank, and the position of its token's primary slot on that rank (j
+// itself on this rank, elsewhere the kept entry of the lowest-numbered expert there); -1 where not
+// kept. The caller writes the token's row into every primary.
 __device__ __forceinline__ int32_t store_entry_slot(const MoeDispatchParams& p, int64_t i, int32_t j,
                                                     const int32_t* row, const int32_t* expert) {
   if (row[j] < 0) return -1;
-  const int32_t first = p.c.plan.primary_of(expert, row, j);
+  const int32_t first = p.c.plan.primary_of(expert, row, j, p.c.transport.local_rank);
   store_slot(p, p.c.plan.rank_of_expert(expert[j]), row[j], i, row[first]);
   return first;
 }
 
-// Phase 2, all threads of the CTA, for one token: metadata of its kept slots, its row once per
-// destination rank. row/expert/primary: shared, one entry per top-k position.
+// Phase 2, all threads of the CTA, for one token: metadata of its kept slots, its row into each of
+// its primaries (once per other rank, into every kept slot here). row/expert/primary: shared, one
+// entry per top-k position.
 template <class IdxT>
 __device__ __forceinline__ void send_token(const MoeDispatchParams& p, MoeRuns runs, int32_t token, int32_t* row,
                                            int32_t* expert, int32_t* primary) {
@@ -365,12 +381,14 @@ __device__ __forceinline__ void send_token(const MoeDispatchParams& p, MoeRuns r
   __syncthreads();
   if (j < k) primary[j] = store_entry_slot(p, i, j, row, expert);
   __syncthreads();
-  const char* src = p.x + static_cast<int64_t>(token) * plan.row_bytes;
-  for (int32_t q = 0; q < k; ++q) {
-    if (primary[q] != q) continue;  // shared: the same on every thread
-    t.put(plan.rank_of_expert(expert[q]), p.c.workspace + plan.recv_row_offset(row[q]), src,
-          static_cast<uint64_t>(plan.row_bytes));
-  }
+  copy_to_each(static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x),
+               p.x + static_cast<int64_t>(token) * plan.row_bytes, plan.row_bytes, [&](auto store) {
+                 for (int32_t q = 0; q < k; ++q) {
+                   if (primary[q] != q) continue;  // shared: the same on every thread
+                   store(reinterpret_cast<uint4*>(t.heaps[plan.rank_of_expert(expert[q])] + p.c.workspace +
+                                                  plan.recv_row_offset(row[q])));
+                 }
+               });
   __syncthreads();  // row, expert and primary are rewritten for the next token
 }
 
@@ -389,12 +407,16 @@ __device__ __forceinline__ void send_token_warp(const MoeDispatchParams& p, MoeR
   const int32_t r = j < k ? lay_entry(p, runs, i, j, e, row, expert) : -1;
   __syncwarp();
   const int32_t first = j < k ? store_entry_slot(p, i, j, row, expert) : -1;
-  const char* src = p.x + static_cast<int64_t>(token) * plan.row_bytes;
-  for (int32_t q = 0; q < k; ++q) {
-    if (__shfl_sync(~0u, first, q) != q) continue;  // the same on every lane
-    const int32_t eq = __shfl_sync(~0u, e, q), rq = __shfl_sync(~0u, r, q);
-    warp_copy(t.heaps[plan.rank_of_expert(eq)] + p.c.workspace + plan.recv_row_offset(rq), src, plan.row_bytes);
-  }
+  // The lanes of the token's primaries hold where its row goes.
+  const uint32_t primaries = __ballot_sync(~0u, first == j);
+  uint4* const dst = first == j ? reinterpret_cast<uint4*>(t.heaps[plan.rank_of_expert(e)] + p.c.workspace +
+                                                           plan.recv_row_offset(r))
+                                : nullptr;
+  copy_to_each(j, 32, p.x + static_cast<int64_t>(token) * plan.row_bytes, plan.row_bytes, [&](auto store) {
+    for (uint32_t m = primaries; m != 0; m &= m - 1) {
+      store(reinterpret_cast<uint4*>(__shfl_sync(~0u, reinterpret_cast<uintptr_t>(dst), __ffs(m) - 1)));
+    }
+  });
   __syncwarp();  // row and expert are rewritten for the warp's next token
 }
 

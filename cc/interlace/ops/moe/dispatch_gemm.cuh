@@ -16,8 +16,8 @@
 //      entry where it is its token's primary slot on that rank, else -1); the chunk counters zeroed.
 //      The copiers wait for every CTA's;
 //   3. the copiers' tasks, in local-expert order l = 0, 1, ...: for each destination d, send the rows
-//      of d's expert l's primary slots (a token's row crosses once per rank; its other slots there
-//      are filled from it); then, for each source s, fill s's run of this rank's
+//      of d's expert l's primary slots (a token's row crosses once per other rank, its other slots
+//      there filled from it, and goes into each of its slots here); then, for each source s, fill s's run of this rank's
 //      expert l: each secondary row copied from its primary, which lies in a lower expert of the same
 //      source (arrived_flag(s, l' <= l)). A task is cut in chunks of kMoeChunkRows rows dealt
 //      round-robin over the copiers; the CTA that finishes a task's last chunk raises its flag:

@@ -15,12 +15,12 @@
 //      their start and kept rows (the grouped GEMM's M); drops are summed. Grid barrier. CTA 0
 //      reports a drop to the host (HostControl::overflowed) and in the plan's overflow words;
 //   2. a warp per token (top-k <= 32 and more tokens than CTAs; else a CTA per token): its kept
-//      slots' rows and primaries (per destination, the kept slot of the lowest-numbered expert
-//      there); every kept slot's MoeSlot to its destination, then the token's row once per
-//      destination, into its primary row. Grid barrier; CTA 0 raises
-//      arrived_flag(me, l) on every rank for every l;
+//      slots' rows and primaries (MoePlan::primary_of: on another rank the kept slot of the
+//      lowest-numbered expert there, here every kept slot); every kept slot's MoeSlot to its
+//      destination, then the token's row into every primary, each vector loaded once. Grid
+//      barrier; CTA 0 raises arrived_flag(me, l) on every rank for every l;
 //   3. with every source's rows here, warps fill each secondary slot's row from its primary (a
-//      local copy: the token crossed NVLink once per rank).
+//      local copy: another rank's token crossed NVLink once).
 // The small layout (at most kMoeSmallEntries top-k entries here, kMoeSmallExperts experts): the same
 // phases without grid barriers. In 0, CTA 0 numbers every expert's slots (number_all_slots) and
 // raises counts_flag(me) itself; in 1, every CTA lays out every expert for itself, into shared

@@ -159,25 +159,29 @@ MoeReference moe_reference(const MoePlan& plan, const std::vector<std::vector<in
     ref.overflow = ref.overflow || ref.dropped[d] > 0;
   }
 
-  // Travels and slot metadata: per token, per distinct destination (ascending), the primary is the
-  // kept slot of the lowest-numbered expert there.
+  // Travels and slot metadata: per token, per distinct destination (ascending). On another rank the
+  // primary is the kept slot of the lowest-numbered expert there; on the token's own rank every kept
+  // slot is its own, in order of expert (so of row).
   ref.slots.assign(W, std::vector<MoeSlot>(plan.recv_rows));
   ref.home.resize(W);
   for (int s = 0; s < W; ++s) {
     ref.home[s].assign(topk_idx[s].size(), MoeHomeEntry{});
     for (int32_t t = 0; t < tokens[s]; ++t) {
       const int32_t* experts = &topk_idx[s][t * k];
+      const auto kept_on = [&](int j, int d) {
+        return experts[j] >= 0 && experts[j] / L == d && row[s][t * k + j] >= 0;
+      };
       for (int d = 0; d < W; ++d) {
-        int best = -1;  // top-k position of the primary
+        std::vector<int> order;  // kept positions on d, by expert
         for (int j = 0; j < k; ++j) {
-          if (experts[j] < 0 || experts[j] / L != d || row[s][t * k + j] < 0) continue;
-          if (best < 0 || experts[j] < experts[best]) best = j;
+          if (kept_on(j, d)) order.push_back(j);
         }
-        if (best < 0) continue;  // no expert there, or every slot there dropped: nothing travels
-        const int32_t primary = row[s][t * k + best];
-        ref.travels.push_back(MoeTravel{s, t, d, primary});
-        for (int j = 0; j < k; ++j) {
-          if (experts[j] < 0 || experts[j] / L != d || row[s][t * k + j] < 0) continue;
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return experts[a] < experts[b]; });
+        if (order.empty()) continue;  // no expert there, or every slot there dropped: nothing travels
+        for (size_t i = 0; i < order.size(); ++i) {
+          const int j = order[i];
+          const int32_t primary = row[s][t * k + (d == s ? j : order[0])];
+          if (d == s || i == 0) ref.travels.push_back(MoeTravel{s, t, d, primary});
           MoeSlot& slot = ref.slots[d][row[s][t * k + j]];
           slot.source_token = t;
           slot.source_rank = static_cast<int16_t>(s);

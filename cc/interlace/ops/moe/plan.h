@@ -20,12 +20,13 @@
 //   the last sources' last tokens (kPerRank: the last experts'), the same on every rank and every run.
 //   Nothing is written past a region; every rank sees the drop in the counts and reports it to its
 //   host; the home rank's combine gives a dropped slot nothing (it is left out of the weighted sum).
-// - Routing-aware dispatch. A token crosses to each distinct destination rank among its experts once
-//   (a token whose k experts are all on one rank travels once): its row lands in its primary slot on
-//   that rank, the kept slot of its lowest-numbered expert there; the slot metadata of each of its
+// - Routing-aware dispatch. A token crosses to each distinct other rank among its experts once (a
+//   token whose k experts are all on one other rank travels once): its row lands in its primary slot
+//   on that rank, the kept slot of its lowest-numbered expert there; the slot metadata of each of its
 //   other kept slots there names the primary row, from which the receiver fills them with a local
-//   copy (or its grouped GEMM loads through primary_row). A (token, rank) pair none of whose slots
-//   was kept does not travel.
+//   copy. On the token's own rank every kept slot is its own primary, written straight from the
+//   token's row: a local write either way, and a fill would first read the row back. A (token, rank)
+//   pair none of whose slots was kept does not travel.
 // - Combine. Each kept slot's metadata (MoeSlot) names its home: source rank, source token, position
 //   in the token's top-k, weight. The second GEMM's epilogue stores the slot's output row at home,
 //   row token * k + j of the home rank's combine buffer; the home rank sums j = 0 .. k-1 in fp32 in
@@ -185,11 +186,13 @@ struct MoePlan {
     const int32_t start = region_start(counts, e), end = region_end(e);
     return start < end ? start : end;
   }
-  // Of a token's top-k entries (expert[q]: -1 where unused; row[q]: -1 where unused or dropped), the
-  // position of kept entry j's primary: the kept entry of the lowest-numbered expert on j's rank
-  // (the lowest position among equal experts, should a routing repeat one).
-  IL_HOST_DEVICE int32_t primary_of(const int32_t* expert, const int32_t* row, int32_t j) const {
+  // Of a token of rank `source` (its top-k entries: expert[q], -1 where unused; row[q], -1 where
+  // unused or dropped), the position of kept entry j's primary: j itself on the source's own rank,
+  // elsewhere the kept entry of the lowest-numbered expert on j's rank (the lowest position among
+  // equal experts, should a routing repeat one).
+  IL_HOST_DEVICE int32_t primary_of(const int32_t* expert, const int32_t* row, int32_t j, int32_t source) const {
     const int32_t d = rank_of_expert(expert[j]);
+    if (d == source) return j;
     int32_t first = j;
     for (int32_t q = 0; q < topk; ++q) {
       if (row[q] < 0 || rank_of_expert(expert[q]) != d) continue;
@@ -245,7 +248,8 @@ int64_t moe_no_drop_capacity(const MoeShape& shape);
 
 // ---- Host reference: the layout, by walking every rank's routing (independent of the closed forms).
 
-// A (token, destination rank) pair that travels: its row lands at primary_row on dest_rank.
+// A row the source writes: its token's row into primary_row on dest_rank. Once per other rank that
+// keeps one of its slots (into its primary there), once per kept slot on the source's own rank.
 struct MoeTravel {
   int32_t source_rank = 0;
   int32_t token = 0;
@@ -273,7 +277,7 @@ struct MoeReference {
   std::vector<MoeRun> runs;                     // [dest][source][local expert]
   std::vector<int32_t> kept_rows;               // [E]: the grouped GEMM's M per expert
   std::vector<std::vector<MoeSlot>> slots;      // [dest][recv_rows]; source_rank -1 where nothing lands
-  std::vector<MoeTravel> travels;               // by source, token, destination
+  std::vector<MoeTravel> travels;               // by source, token, destination, row
   std::vector<std::vector<MoeHomeEntry>> home;  // [source][token * k + j]
   std::vector<int64_t> dropped;                 // [dest]: slots dropped there
   bool overflow = false;
