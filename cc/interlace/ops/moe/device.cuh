@@ -52,8 +52,6 @@ struct MoeDispatchParams {
   int32_t* run_row;          // [E]: this rank's run's first receive row for expert e (unclipped)
   int32_t* run_kept;         // [E]: its kept rows
   int32_t* dropped;          // [2]: slots dropped on all ranks, on this rank (zeroed in phase 0)
-  uint32_t* sent;            // [1]: CTAs done with phase 2 (the small layout's), zeroed by CTA 0 before it
-                             // raises counts_flag(me), which every CTA awaits before it adds
 };
 
 // This rank's run of each expert (first receive row, kept rows): the call's scratch, or a CTA's own
@@ -83,28 +81,26 @@ __device__ __forceinline__ uint64_t op_number(const device::NvlinkTransport& t) 
   return *reinterpret_cast<volatile uint64_t*>(&t.my_pad()->ops.completed) + 1;
 }
 
-// All threads: this CTA (number `cta` among those that wait on each other) has finished `phase`; its
-// stores, into peers too, are visible before its word rises.
-__device__ __forceinline__ void arrive(MoeFlags& f, uint64_t n, uint64_t phase, int32_t cta) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence_system();
-    device::store_release_gpu(&f.barrier[cta], n * kMoePhases + phase);
-  }
-}
-
-// All threads, at the end of the small layout's phase 2: counts this CTA done in `sent`, once its
-// stores (into peers too) are visible system-wide, and returns on every thread whether it was the
-// grid's last. The last raises the arrived flags at once: no CTA waits on a barrier for the others.
-// Not device::last_cta_to_arrive: the CTAs' rows went to peers, so the fences are system-wide, and
-// `sent` is the call's scratch, zeroed by CTA 0 each call, so a call cut short leaves no count behind.
-__device__ __forceinline__ bool arrive_last(uint32_t* sent) {
+// All threads of a CTA, every CTA of the grid, at the end of `phase` of op n: counts this CTA done,
+// once its stores (into peers too) are visible system-wide, and returns on every thread whether it
+// was the grid's last. The last resets the count and raises f.release to n x kMoePhases + phase
+// (what await_all waits for), ordered after every other CTA's stores, seen through their counts; it
+// may also raise flags itself, so that no CTA waits for the others. One atomic a CTA and one word to
+// poll: a word per CTA, which CTA 0 polled in turns, cost 4-5 us a barrier (phase probe, the
+// twenty-sixth session). No CTA counts again before the reset: only after the release, or after what
+// the last CTA raises next. A wait that fails (and so a call cut short, leaving a count behind)
+// aborts the group for good.
+__device__ __forceinline__ bool arrive(MoeFlags& f, uint64_t n, uint64_t phase) {
   __shared__ int last;
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();
-    last = atomicAdd(sent, 1u) == gridDim.x - 1;
-    if (last) __threadfence_system();  // every other CTA's stores, seen through their counts, before the flags
+    last = atomicAdd(&f.arrived, 1u) == gridDim.x - 1;
+    if (last) {
+      f.arrived = 0;
+      __threadfence_system();
+      device::store_release_gpu(&f.release, n * kMoePhases + phase);
+    }
   }
   __syncthreads();
   return last != 0;
@@ -114,12 +110,13 @@ __device__ __forceinline__ bool arrive_last(uint32_t* sent) {
 // CTA would take L2 bandwidth from the CTAs still copying.
 constexpr int kMoePollers = 32;
 
-// All threads: waits until CTAs 0 .. ctas - 1 have arrived at `phase`. False if a wait failed (the
-// group is aborted; the host raises).
-__device__ __forceinline__ bool await_all(MoeFlags& f, uint64_t n, uint64_t phase, int32_t ctas,
-                                          const device::WaitContext& ctx, int* failed) {
-  for (int32_t b = threadIdx.x; threadIdx.x < kMoePollers && b < ctas; b += kMoePollers) {
-    if (device::wait_until<false>(&f.barrier[b], n * kMoePhases + phase, ctx, FlagId::kBarrier, -1) == 0) *failed = 1;
+// All threads: waits until every CTA of the grid has arrived at `phase` of op n. False if the wait
+// failed (the group is aborted; the host raises).
+__device__ __forceinline__ bool await_all(MoeFlags& f, uint64_t n, uint64_t phase, const device::WaitContext& ctx,
+                                          int* failed) {
+  if (threadIdx.x == 0 &&
+      device::wait_until<false>(&f.release, n * kMoePhases + phase, ctx, FlagId::kBarrier, -1) == 0) {
+    *failed = 1;
   }
   __syncthreads();
   return *failed == 0;

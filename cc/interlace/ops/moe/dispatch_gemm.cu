@@ -1,4 +1,3 @@
-#include <algorithm>
 #include <type_traits>
 
 #include "interlace/base/cuda.h"
@@ -90,7 +89,6 @@ void moe_dispatch_gemm(Group& group, MoeHandle& handle, const TensorView& x, con
     with_variant(p.b_k_major, swapped, tuning, [&](auto v) {
       ctas = gemm_engine::resident_ctas_of<decltype(v)>(group.device(), group.num_sms());
     });
-    ctas = std::min<int>(ctas, kMoeBarrierWords);  // a barrier word per CTA (the layout's phases)
     if (copy_ctas == 0) copy_ctas = default_moe_copy_ctas(p.n, cluster, ctas);
     IL_CHECK(copy_ctas > 0 && copy_ctas % cluster == 0, op,
              ": copy_ctas must be a positive multiple of the tiles' cluster size ", cluster, ", got ", copy_ctas);

@@ -1,8 +1,8 @@
 // moe_dispatch_gemm over NVLink: moe_dispatch and the experts' first FFN matmul (a grouped GEMM over
 // the local experts' receive rows) in one launch of the GEMM engine (DESIGN.md, "moe_dispatch_gemm").
 //
-// Phases 0-2 lay the dispatch out in Phases::begin, on every CTA of the grid, with grid barriers
-// (MoeFlags::barrier, a word per CTA); then the last copy_ctas CTAs move the rows (Phases::copy) while
+// Phases 0-2 lay the dispatch out in Phases::begin, on every CTA of the grid, each CTA counting
+// itself done with each (moe_detail::arrive); then the last copy_ctas CTAs move the rows (Phases::copy) while
 // the others run grouped_gemm's tiles over the receive rows, each tile waiting only for its own
 // expert (helper warp 1 of the producer warpgroup watches the experts' flags; the producer checks a
 // count in shared memory):
@@ -213,11 +213,7 @@ struct DispatchGemmPhases {
         *reinterpret_cast<int32_t*>(t.heaps[threadIdx.x] + c.workspace + plan.count_offset(me, e)) = count;
       }
     }
-    arrive(flags, n, 0, cta);
-    if (cta == 0) {
-      if (!await_all(flags, n, 0, ctas, c.wait, &failed)) return false;
-      raise_everywhere(c, flags, plan.counts_flag(me), 1, n);
-    }
+    if (arrive(flags, n, 0)) raise_everywhere(c, flags, plan.counts_flag(me), 1, n);
 
     // 1: the layout.
     if (!await_flags(c, flags, plan.counts_flag(0), world, n, FlagId::kCounts, [](int32_t s) { return s; },
@@ -226,8 +222,8 @@ struct DispatchGemmPhases {
     }
     lay_out(d, cta, ctas);
     if (cta == 0 && threadIdx.x < 32) scan_slot_starts(c, p.slot_start);
-    arrive(flags, n, 1, cta);
-    if (!await_all(flags, n, 1, ctas, c.wait, &failed)) return false;
+    arrive(flags, n, 1);
+    if (!await_all(flags, n, 1, c.wait, &failed)) return false;
     if (cta == 0 && threadIdx.x == 0) report_drops(d, n);
 
     // 2: per token, its entries' home rows and weights, MoeSlots and list places.
@@ -238,7 +234,7 @@ struct DispatchGemmPhases {
       lay_token_warp(d, p.wide, p.slot_start, p.slot_list, token, warp_row[warp], warp_expert[warp]);
     }
     for (int32_t i = cta * blockDim.x + threadIdx.x; i < 2 * world * L; i += ctas * blockDim.x) p.chunks[i] = 0;
-    arrive(flags, n, 2, cta);  // the copiers wait for it; the GEMM needs only the layout
+    arrive(flags, n, 2);  // the copiers wait for it; the GEMM needs only the layout
     return true;
   }
 
@@ -284,7 +280,7 @@ struct DispatchGemmPhases {
       failed = 0;
     }
     __syncthreads();
-    if (!await_all(flags, n, 2, gridDim.x, c.wait, &failed)) return;
+    if (!await_all(flags, n, 2, c.wait, &failed)) return;
 
     // 3: sends and fills, expert by expert.
     const int32_t* counts = reinterpret_cast<const int32_t*>(c.workspace_here + plan.counts_offset);

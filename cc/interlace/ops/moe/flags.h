@@ -1,5 +1,5 @@
 // moe_dispatch's and moe_combine's flags, in each op's region of every rank's signal pad: the
-// plan's flags (MoePlan::counts_flag etc., indices into `plan`) after one barrier word per CTA.
+// plan's flags (MoePlan::counts_flag etc., indices into `plan`) after the grid barrier's two words.
 #pragma once
 
 #include <cstdint>
@@ -10,10 +10,12 @@
 namespace interlace {
 
 struct MoeFlags {
-  // [b], local: the last phase CTA b of this rank has finished, as op number x kMoePhases + phase.
-  // The kernels' phases need every CTA's writes of the phase before (a grid barrier); these words
-  // only grow, like every flag, so nothing is reset between calls or graph replays.
-  uint64_t barrier[kMoeBarrierWords];
+  // Local, the grid barrier (moe_detail::arrive): the last phase every CTA of this rank has finished,
+  // as op number x kMoePhases + phase (it only grows, like every flag), and the CTAs that have
+  // finished the phase under way (back to 0 once all have).
+  uint64_t release;
+  uint32_t arrived;
+  uint32_t unused;
   uint64_t plan[kMoeMaxFlags];  // MoePlan's flags by index, raised to the op number
 };
 

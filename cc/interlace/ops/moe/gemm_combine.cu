@@ -1,4 +1,3 @@
-#include <algorithm>
 #include <type_traits>
 
 #include "interlace/base/cuda.h"
@@ -87,7 +86,7 @@ void moe_gemm_combine(Group& group, MoeHandle& handle, const TensorView& act, co
       ctas = gemm_engine::resident_ctas_of<V>(group.device(), group.num_sms());
       cluster = V::Config::kClusterSize;
     });
-    ctas = std::min<int>(ctas, kMoeBarrierWords) / cluster * cluster;
+    ctas = ctas / cluster * cluster;
     IL_CHECK(ctas > 0, "moe_gemm_combine: no CTA of the kernel fits on this GPU");
     return concat("moe_gemm_combine(experts=", plan.experts, ", topk=", plan.topk, ", hidden=", p.n,
                   ", ffn=", p.k, ", max_tokens=", plan.tokens, ", capacity=", plan.capacity,

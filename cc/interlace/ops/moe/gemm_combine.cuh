@@ -13,8 +13,8 @@
 //                      top-k position j; the tile's row goes, through shared memory as 16-byte
 //                      stores, into row token x k + j of that rank's combine rows (moe_combine's
 //                      phase 0, done by the GEMM's own epilogue, so it overlaps the next tiles' math);
-//   Phases::end        once every CTA of this rank has stored its tiles (a grid barrier), CTA 0
-//                      raises this rank's "sent" flag on every rank; then every CTA waits for every
+//   Phases::end        once every CTA of this rank has stored its tiles, the last to count itself
+//                      done raises this rank's "sent" flag on every rank; then every CTA waits for every
 //                      rank's, and sums its share of this rank's tokens: moe_combine's phase 1, bit
 //                      for bit (sum_slice).
 // Every CTA waits on the others in Phases::end, so all must be resident: the launch takes at most
@@ -106,10 +106,9 @@ struct CombinePhases {
       failed = 0;
     }
     __syncthreads();
-    arrive(flags, n, 0, blockIdx.x);  // this CTA's stores home are visible everywhere before its word rises
-    if (blockIdx.x == 0) {
-      if (!await_all(flags, n, 0, gridDim.x, c.wait, &failed)) return;
-      if (threadIdx.x < plan.world) t.signal(threadIdx.x, &flags.plan[sent_flag(plan, t.local_rank)], n);
+    // Every CTA's stores home are visible everywhere before the last raises the sent flags.
+    if (arrive(flags, n, 0) && threadIdx.x < plan.world) {
+      t.signal(threadIdx.x, &flags.plan[sent_flag(plan, t.local_rank)], n);
     }
     if (threadIdx.x < plan.world &&
         t.wait(&flags.plan[sent_flag(plan, threadIdx.x)], n, c.wait, FlagId::kCombined, threadIdx.x) == 0) {

@@ -1,15 +1,16 @@
 // moe_dispatch and moe_combine over NVLink, unfused: the kernels that execute ops/moe/plan.h.
 //
-// Each kernel's CTAs work in phases; a phase that needs every CTA's writes of the one before waits
-// at a grid barrier (MoeFlags::barrier, one word per CTA, raised to op number x kMoePhases + phase),
-// so all CTAs must be resident at once: the launch uses at most one per SM. Flags across ranks are
-// raised to the op number (the same on every rank: ops run in one sequence), so nothing is reset
-// and a captured graph replays correctly.
+// Each kernel's CTAs work in phases. At the end of one, every CTA counts itself done (arrive: one
+// atomic); the last either raises a flag for the ranks itself ("the last CTA raises") or releases
+// the CTAs that wait for every CTA's writes ("grid barrier", MoeFlags::release, raised to op number
+// x kMoePhases + phase). All CTAs must be resident at once: the launch uses at most one per SM.
+// Flags across ranks are raised to the op number (the same on every rank: ops run in one sequence),
+// so nothing is reset and a captured graph replays correctly.
 //
 // moe_dispatch, per call:
 //   0. every CTA numbers this rank's slots of its experts (e = b, b + G, ...) in token order (pos)
-//      and stores the expert's count into every rank's counts table; once every CTA has done so,
-//      CTA 0 raises counts_flag(me) on every rank;
+//      and stores the expert's count into every rank's counts table; the last CTA raises
+//      counts_flag(me) on every rank;
 //   1. with every source's counts here, each thread evaluates the plan's closed forms for some
 //      experts: this rank's run (first row, kept rows) at the expert's rank, and for local experts
 //      their start and kept rows (the grouped GEMM's M); drops are summed. Grid barrier. CTA 0
@@ -17,18 +18,17 @@
 //   2. a warp per token (top-k <= 32 and more tokens than CTAs; else a CTA per token): its kept
 //      slots' rows and primaries (MoePlan::primary_of: on another rank the kept slot of the
 //      lowest-numbered expert there, here every kept slot); every kept slot's MoeSlot to its
-//      destination, then the token's row into every primary, each vector loaded once. Grid
-//      barrier; CTA 0 raises arrived_flag(me, l) on every rank for every l;
+//      destination, then the token's row into every primary, each vector loaded once. The last
+//      CTA raises arrived_flag(me, l) on every rank for every l;
 //   3. with every source's rows here, warps fill each secondary slot's row from its primary (a
 //      local copy: another rank's token crossed NVLink once).
 // The small layout (at most kMoeSmallEntries top-k entries here, kMoeSmallExperts experts): the same
-// phases without grid barriers. In 0, CTA 0 numbers every expert's slots (number_all_slots) and
+// phases without a grid barrier. In 0, CTA 0 numbers every expert's slots (number_all_slots) and
 // raises counts_flag(me) itself; in 1, every CTA lays out every expert for itself, into shared
-// memory (CTA 0 alone also records the drops and the local experts' rows); at the end of 2, each CTA
-// counts itself done (arrive_last) and the last raises the arrived flags.
+// memory (CTA 0 alone also records the drops and the local experts' rows).
 // moe_combine, per call:
 //   0. warp per kept receive row: the expert's output row to its home rank's combine buffer, row
-//      token x k + j. Grid barrier; CTA 0 raises combined_flag(e) on every rank for its experts;
+//      token x k + j. The last CTA raises combined_flag(e) on every rank for its experts;
 //   1. with every expert's outputs here, a warp per slice of a token's row (row_slices: whole rows
 //      where the tokens outnumber the warps): out = the sum over j = 0 .. k - 1 of kept slots of
 //      weight x row, in fp32 in that order (no fused multiply-add), rounded once to bf16.
@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_dispatch_kernel(const __gr
   if (threadIdx.x == 0) {
     n = op_number(t);
     failed = 0;
-    if (blockIdx.x == 0) p.dropped[0] = p.dropped[1] = *p.sent = 0;
+    if (blockIdx.x == 0) p.dropped[0] = p.dropped[1] = 0;
   }
   __syncthreads();
 
@@ -84,11 +84,7 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_dispatch_kernel(const __gr
         *reinterpret_cast<int32_t*>(t.heaps[threadIdx.x] + c.workspace + plan.count_offset(me, e)) = count;
       }
     }
-    arrive(flags, n, 0, blockIdx.x);
-    if (blockIdx.x == 0) {
-      if (!await_all(flags, n, 0, gridDim.x, c.wait, &failed)) return;
-      raise_everywhere(c, flags, plan.counts_flag(me), 1, n);
-    }
+    if (arrive(flags, n, 0)) raise_everywhere(c, flags, plan.counts_flag(me), 1, n);
   }
 
   // 1: the layout. Waiting for this rank's own counts flag also waits for phase 0 here (every CTA's,
@@ -106,8 +102,8 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_dispatch_kernel(const __gr
     runs = MoeRuns{small_runs[0], small_runs[1]};
   } else {
     lay_out(p, blockIdx.x, gridDim.x);
-    arrive(flags, n, 1, blockIdx.x);
-    if (!await_all(flags, n, 1, gridDim.x, c.wait, &failed)) return;
+    arrive(flags, n, 1);
+    if (!await_all(flags, n, 1, c.wait, &failed)) return;
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) report_drops(p, n);
 
@@ -124,19 +120,11 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_dispatch_kernel(const __gr
       send_token<IdxT>(p, runs, token, row, expert, primary);
     }
   }
-  if (small) {
-    if (arrive_last(p.sent)) raise_everywhere(c, flags, plan.arrived_flag(me, 0), L, n);
-  } else {
-    arrive(flags, n, 2, blockIdx.x);
-    if (blockIdx.x == 0) {
-      if (!await_all(flags, n, 2, gridDim.x, c.wait, &failed)) return;
-      raise_everywhere(c, flags, plan.arrived_flag(me, 0), L, n);
-    }
-  }
+  if (arrive(flags, n, 2)) raise_everywhere(c, flags, plan.arrived_flag(me, 0), L, n);
 
   // 3: secondary slots from their primaries, once every source's rows are here. In the small layout
-  // this rank's own arrived flags, raised after every CTA's count in `sent`, are also what orders
-  // CTA 0's expert_start / expert_rows (phase 1) before for_kept_rows reads them here.
+  // this rank's own arrived flags, raised after every CTA has counted itself done with phase 2, are
+  // also what orders CTA 0's expert_start / expert_rows (phase 1) before for_kept_rows reads them.
   if (!await_flags(c, flags, plan.arrived_flag(0, 0), plan.world * L, n, FlagId::kArrived,
                    [L](int32_t i) { return i / L; }, &failed)) {
     return;
@@ -177,11 +165,7 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_combine_kernel(const __gri
     warp_copy(t.heaps[s.source_rank] + c.workspace + plan.combine_row_offset(s.source_token, s.topk_pos),
               p.expert_out + static_cast<int64_t>(r) * plan.row_bytes, plan.row_bytes);
   });
-  arrive(flags, n, 0, blockIdx.x);
-  if (blockIdx.x == 0) {
-    if (!await_all(flags, n, 0, gridDim.x, c.wait, &failed)) return;
-    raise_everywhere(c, flags, plan.combined_flag(plan.expert_of(me, 0)), L, n);
-  }
+  if (arrive(flags, n, 0)) raise_everywhere(c, flags, plan.combined_flag(plan.expert_of(me, 0)), L, n);
 
   // 1: the sums at home, once every expert's outputs are here.
   if (!await_flags(c, flags, plan.combined_flag(0), plan.experts, n, FlagId::kCombined,

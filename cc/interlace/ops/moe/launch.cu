@@ -1,7 +1,5 @@
 #include "interlace/ops/moe/launch.h"
 
-#include <algorithm>
-
 #include "interlace/base/cuda.h"
 #include "interlace/ops/moe/common_params.h"
 #include "interlace/ops/moe/kernel.cuh"
@@ -22,8 +20,8 @@ bool same_shape(const MoeShape& a, const MoeShape& b) {
 }
 
 // The phases' grid barriers need every CTA resident: one per SM (the kernels take a whole SM's
-// threads at most), never more CTAs than barrier words.
-int num_blocks(const Group& group) { return std::min(group.num_sms(), static_cast<int>(kMoeBarrierWords)); }
+// threads at most).
+int num_blocks(const Group& group) { return group.num_sms(); }
 
 }  // namespace
 
@@ -40,7 +38,6 @@ MoeDispatchScratch moe_dispatch_scratch(const MoePlan& plan, bool lists) {
   s.run_row = entries_bytes;
   s.run_kept = s.run_row + experts_bytes;
   s.dropped = s.run_kept + experts_bytes;
-  s.sent = s.dropped + 2 * sizeof(int32_t);
   s.bytes = s.dropped + kMoeBufferAlign;
   if (lists) {
     s.slot_start = s.bytes;
@@ -75,7 +72,6 @@ MoeDispatchParams moe_dispatch_params(Group& group, const OpCall& call, uint64_t
   p.run_row = reinterpret_cast<int32_t*>(base + at.run_row);
   p.run_kept = reinterpret_cast<int32_t*>(base + at.run_kept);
   p.dropped = reinterpret_cast<int32_t*>(base + at.dropped);
-  p.sent = reinterpret_cast<uint32_t*>(base + at.sent);
   return p;
 }
 

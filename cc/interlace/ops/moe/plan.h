@@ -53,9 +53,8 @@ constexpr int kMoeMaxTopk = 256;              // MoeSlot::topk_pos is 16 bits
 constexpr int64_t kMoeRowAlignBytes = 16;     // rows move with 16-byte vector stores / TMA
 constexpr uint64_t kMoeBufferAlign = 256;     // every buffer of the workspace starts 256-byte aligned
 // Flags are 64-bit op numbers (values only grow: waits are ">=", nothing is reset); an op's region
-// of the signal pad holds this many, after one barrier word per CTA (ops/moe/flags.h).
-constexpr int64_t kMoeBarrierWords = kMaxBlocks;
-constexpr int64_t kMoeMaxFlags = static_cast<int64_t>(kOpRegionBytes / sizeof(uint64_t)) - kMoeBarrierWords;
+// of the signal pad holds this many, after the grid barrier's two words (ops/moe/flags.h).
+constexpr int64_t kMoeMaxFlags = static_cast<int64_t>(kOpRegionBytes / sizeof(uint64_t)) - 2;
 
 enum class MoeCapacityKind : int32_t {
   kPerExpert = 0,  // capacity rows for each local expert
