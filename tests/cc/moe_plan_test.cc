@@ -511,6 +511,19 @@ void check_kernel_rules(const MoePlan& p, const Routing& topk, const MoeReferenc
         const int32_t first = p.primary_of(expert.data(), row.data(), j, s);
         const MoeSlot& slot = ref.slots[p.rank_of_expert(expert[j])][row[j]];
         ASSERT_EQ(row[first], slot.primary_row) << "source " << s << " token " << t << " entry " << j;
+        // moe_dispatch_gemm's rule (no rank's slots written each): on every rank, the same as on
+        // another rank, the kept entry of the lowest expert there.
+        const int32_t once = p.primary_of(expert.data(), row.data(), j, -1);
+        if (p.rank_of_expert(expert[j]) != s) {
+          ASSERT_EQ(once, first);
+        }
+        ASSERT_GE(row[once], 0);
+        ASSERT_EQ(p.rank_of_expert(expert[once]), p.rank_of_expert(expert[j]));
+        for (int32_t q = 0; q < k; ++q) {
+          if (row[q] >= 0 && p.rank_of_expert(expert[q]) == p.rank_of_expert(expert[j])) {
+            ASSERT_LE(expert[once], expert[q]);
+          }
+        }
       }
     }
   }

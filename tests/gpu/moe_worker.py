@@ -191,9 +191,11 @@ def dispatch(group, case, handle=None, stream=None):
     return torch.from_dlpack(expert_x), handle
 
 
-def check_dispatch(case, handle, expert_x, row_of, counts, starts, kept):
+def check_dispatch(case, handle, expert_x, row_of, counts, starts, kept, direct=True):
     """Compares the handle's tensors and the kept rows with the references; returns expert_out: the
-    experts applied to the kept rows, NaN elsewhere (poison: a row the combine should not read shows)."""
+    experts applied to the kept rows, NaN elsewhere (poison: a row the combine should not read shows).
+    direct: moe_dispatch's primaries (each of this rank's own tokens' slots its own); False for
+    moe_dispatch_gemm's (one row a rank)."""
     got_counts = torch.from_dlpack(handle.counts).cpu()
     if not torch.equal(got_counts, counts):
         fail(case, f"counts {got_counts.tolist()} != {counts.tolist()}")
@@ -219,11 +221,11 @@ def check_dispatch(case, handle, expert_x, row_of, counts, starts, kept):
             w_bits = torch.tensor([float(case.weights[s][t, j])], dtype=torch.float32).view(torch.int32).item()
             if got[3] != w_bits:
                 fail(case, f"slot {r}: weight bits {got[3]} != {w_bits}")
-            # The primary: the slot itself for this rank's own tokens (written straight from x), else
-            # the kept slot of the token's lowest-numbered expert on this rank.
+            # The primary: the kept slot of the token's lowest-numbered expert on this rank; in
+            # moe_dispatch (direct) the slot itself for this rank's own tokens (written straight from x).
             here = [(int(case.idx[s][t, q]), int(row_of[s][t, q])) for q in range(case.topk)
                     if int(case.idx[s][t, q]) >= 0 and int(case.idx[s][t, q]) // L == RANK and row_of[s][t, q] >= 0]
-            want = r if s == RANK else min(here)[1]
+            want = r if direct and s == RANK else min(here)[1]
             if got[2] != want:
                 fail(case, f"slot {r}: primary row {got[2]} != {want}")
             expert_out[r] = case.expert_fn(ex[r:r + 1], e)[0]
@@ -705,7 +707,7 @@ def check_dispatch_gemm(group, case, out, handle, b, **tuning):
     torch.cuda.synchronize()
     row_of, counts, starts, kept = case.layout()
     expert_x = torch.from_dlpack(handle.expert_x)
-    expert_out = check_dispatch(case, handle, expert_x, row_of, counts, starts, kept)
+    expert_out = check_dispatch(case, handle, expert_x, row_of, counts, starts, kept, direct=False)
     L, C, n = case.local, case.capacity, b.shape[2]
     want = torch.full_like(out, float("nan"))
     rows = torch.from_dlpack(handle.expert_rows)

@@ -353,13 +353,13 @@ __device__ __forceinline__ int32_t lay_entry(const MoeDispatchParams& p, MoeRuns
 }
 
 // Phase 2's second step, once the token's row/expert words are all written: where entry i (position
-// j) is kept, its MoeSlot at its rank, and the position of its token's primary slot on that rank (j
-// itself on this rank, elsewhere the kept entry of the lowest-numbered expert there); -1 where not
-// kept. The caller writes the token's row into every primary.
+// j) is kept, its MoeSlot at its rank, and the position of its token's primary slot on that rank
+// (MoePlan::primary_of with direct_rank); -1 where not kept. The caller writes the token's row into
+// every primary.
 __device__ __forceinline__ int32_t store_entry_slot(const MoeDispatchParams& p, int64_t i, int32_t j,
-                                                    const int32_t* row, const int32_t* expert) {
+                                                    const int32_t* row, const int32_t* expert, int32_t direct_rank) {
   if (row[j] < 0) return -1;
-  const int32_t first = p.c.plan.primary_of(expert, row, j, p.c.transport.local_rank);
+  const int32_t first = p.c.plan.primary_of(expert, row, j, direct_rank);
   store_slot(p, p.c.plan.rank_of_expert(expert[j]), row[j], i, row[first]);
   return first;
 }
@@ -376,7 +376,7 @@ __device__ __forceinline__ void send_token(const MoeDispatchParams& p, MoeRuns r
   const int64_t i = static_cast<int64_t>(token) * k + j;
   if (j < k) lay_entry(p, runs, i, j, expert_at<IdxT>(p, i), row, expert);
   __syncthreads();
-  if (j < k) primary[j] = store_entry_slot(p, i, j, row, expert);
+  if (j < k) primary[j] = store_entry_slot(p, i, j, row, expert, t.local_rank);
   __syncthreads();
   copy_to_each(static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x),
                p.x + static_cast<int64_t>(token) * plan.row_bytes, plan.row_bytes, [&](auto store) {
@@ -403,7 +403,7 @@ __device__ __forceinline__ void send_token_warp(const MoeDispatchParams& p, MoeR
   const int32_t e = j < k ? expert_at<IdxT>(p, i) : -1;
   const int32_t r = j < k ? lay_entry(p, runs, i, j, e, row, expert) : -1;
   __syncwarp();
-  const int32_t first = j < k ? store_entry_slot(p, i, j, row, expert) : -1;
+  const int32_t first = j < k ? store_entry_slot(p, i, j, row, expert, t.local_rank) : -1;
   // The lanes of the token's primaries hold where its row goes.
   const uint32_t primaries = __ballot_sync(~0u, first == j);
   uint4* const dst = first == j ? reinterpret_cast<uint4*>(t.heaps[plan.rank_of_expert(e)] + p.c.workspace +

@@ -16,8 +16,8 @@
 //      entry where it is its token's primary slot on that rank, else -1); the chunk counters zeroed.
 //      The copiers wait for every CTA's;
 //   3. the copiers' tasks, in local-expert order l = 0, 1, ...: for each destination d, send the rows
-//      of d's expert l's primary slots (a token's row crosses once per other rank, its other slots
-//      there filled from it, and goes into each of its slots here); then, for each source s, fill s's run of this rank's
+//      of d's expert l's primary slots (a token's row lands once per rank, its other slots there
+//      filled from it); then, for each source s, fill s's run of this rank's
 //      expert l: each secondary row copied from its primary, which lies in a lower expert of the same
 //      source (arrived_flag(s, l' <= l)). A task is cut in chunks of kMoeChunkRows rows dealt
 //      round-robin over the copiers; the CTA that finishes a task's last chunk raises its flag:
@@ -138,7 +138,9 @@ __device__ __forceinline__ void lay_token_warp(const MoeDispatchParams& p, bool 
   if (j < k) lay_entry(p, MoeRuns{p.run_row, p.run_kept}, i, j, e, row, expert);
   __syncwarp();
   if (j < k && e >= 0) {
-    const int32_t first = store_entry_slot(p, i, j, row, expert);
+    // One row a rank, this one too: sending every slot here from x ran the DeepSeek-like layer 3%
+    // slower at world size 1 (1 x H100, bench/results/NOTES.md, thirtieth session).
+    const int32_t first = store_entry_slot(p, i, j, row, expert, /*direct_rank=*/-1);
     slot_list[slot_start[e] + p.pos[i]] = first == j ? static_cast<int32_t>(i) : -1;
   }
   __syncwarp();  // row and expert are rewritten for the warp's next token

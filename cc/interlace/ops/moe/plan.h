@@ -24,9 +24,10 @@
 //   token whose k experts are all on one other rank travels once): its row lands in its primary slot
 //   on that rank, the kept slot of its lowest-numbered expert there; the slot metadata of each of its
 //   other kept slots there names the primary row, from which the receiver fills them with a local
-//   copy. On the token's own rank every kept slot is its own primary, written straight from the
-//   token's row: a local write either way, and a fill would first read the row back. A (token, rank)
-//   pair none of whose slots was kept does not travel.
+//   copy. In moe_dispatch, on the token's own rank every kept slot is its own primary, written
+//   straight from the token's row: a local write either way, and a fill would first read the row
+//   back (moe_dispatch_gemm's copiers keep one row a rank there too: measured faster). A (token,
+//   rank) pair none of whose slots was kept does not travel.
 // - Combine. Each kept slot's metadata (MoeSlot) names its home: source rank, source token, position
 //   in the token's top-k, weight. The second GEMM's epilogue stores the slot's output row at home,
 //   row token * k + j of the home rank's combine buffer; the home rank sums j = 0 .. k-1 in fp32 in
@@ -185,13 +186,13 @@ struct MoePlan {
     const int32_t start = region_start(counts, e), end = region_end(e);
     return start < end ? start : end;
   }
-  // Of a token of rank `source` (its top-k entries: expert[q], -1 where unused; row[q], -1 where
-  // unused or dropped), the position of kept entry j's primary: j itself on the source's own rank,
-  // elsewhere the kept entry of the lowest-numbered expert on j's rank (the lowest position among
-  // equal experts, should a routing repeat one).
-  IL_HOST_DEVICE int32_t primary_of(const int32_t* expert, const int32_t* row, int32_t j, int32_t source) const {
+  // Of a token's top-k entries (expert[q], -1 where unused; row[q], -1 where unused or dropped), the
+  // position of kept entry j's primary: j itself where j's rank is direct_rank (moe_dispatch: the
+  // token's own; moe_dispatch_gemm: -1, none), elsewhere the kept entry of the lowest-numbered
+  // expert on j's rank (the lowest position among equal experts, should a routing repeat one).
+  IL_HOST_DEVICE int32_t primary_of(const int32_t* expert, const int32_t* row, int32_t j, int32_t direct_rank) const {
     const int32_t d = rank_of_expert(expert[j]);
-    if (d == source) return j;
+    if (d == direct_rank) return j;
     int32_t first = j;
     for (int32_t q = 0; q < topk; ++q) {
       if (row[q] < 0 || rank_of_expert(expert[q]) != d) continue;
@@ -247,8 +248,8 @@ int64_t moe_no_drop_capacity(const MoeShape& shape);
 
 // ---- Host reference: the layout, by walking every rank's routing (independent of the closed forms).
 
-// A row the source writes: its token's row into primary_row on dest_rank. Once per other rank that
-// keeps one of its slots (into its primary there), once per kept slot on the source's own rank.
+// A row moe_dispatch's source writes: its token's row into primary_row on dest_rank. Once per other
+// rank that keeps one of its slots (into its primary there), once per kept slot on its own rank.
 struct MoeTravel {
   int32_t source_rank = 0;
   int32_t token = 0;
