@@ -188,17 +188,32 @@ __device__ __forceinline__ void warp_copy(char* dst, const char* src, int64_t by
 // 0 left the copies to the first CTA (a decode combine ran 50x slower). The lanes read 32 experts'
 // runs at once and scan where each one's dealing starts: read an expert at a time, each read waited
 // on the one before (256 local experts: 61 us of the DeepSeek-like decode dispatch's 95 on an H100,
-// 70 of its combine's 92, phase_probe in bench/results/moe_combine_slices_1xH100.log).
+// 70 of its combine's 92, phase_probe in bench/results/moe_combine_slices_1xH100.log). Where up to
+// kMoeSmallExperts, all threads of the CTA first read every expert's run into `stage` (shared) at
+// once: read 32 at a time, each read still waited on the scan before it (the DeepSeek-like decode, 256
+// local experts: 6.9 us of its dispatch's phase 3 at world size 1, with no row left to copy). Every
+// thread of the CTA calls it.
 template <class Fn>
-__device__ __forceinline__ void for_kept_rows(const MoeCommonParams& c, Fn fn) {
+__device__ __forceinline__ void for_kept_rows(const MoeCommonParams& c, int32_t (&stage)[2][kMoeSmallExperts], Fn fn) {
   const int32_t warp = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int32_t warps = gridDim.x * (blockDim.x / 32);
   const int32_t lane = threadIdx.x % 32, L = c.plan.experts_per_rank;
+  const int32_t* expert_start = c.expert_start;
+  const int32_t* expert_rows = c.expert_rows;
+  if (L <= kMoeSmallExperts) {  // the same on every thread
+    for (int32_t l = threadIdx.x; l < L; l += blockDim.x) {
+      stage[0][l] = expert_start[l];
+      stage[1][l] = expert_rows[l];
+    }
+    __syncthreads();
+    expert_start = stage[0];
+    expert_rows = stage[1];
+  }
   int32_t before = 0;  // kept rows of the experts before l0, mod warps: where expert l0's first row is dealt
   for (int32_t l0 = 0; l0 < L; l0 += 32) {
     const int32_t l = l0 + lane;
-    const int32_t start = l < L ? c.expert_start[l] : 0;
-    const int32_t rows = l < L ? max(c.expert_rows[l], 0) : 0;
+    const int32_t start = l < L ? expert_start[l] : 0;
+    const int32_t rows = l < L ? max(expert_rows[l], 0) : 0;
     int32_t through = rows % warps;  // this lane's experts' rows and those of the lanes below, mod warps
     for (int32_t d = 1; d < 32; d *= 2) {
       const int32_t below = __shfl_up_sync(~0u, through, d);

@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_dispatch_kernel(const __gr
   __shared__ int32_t warp_hits[kMoeWarps];
   __shared__ int32_t row[kMoeMaxTopk], expert[kMoeMaxTopk], primary[kMoeMaxTopk];
   __shared__ int32_t warp_row[kMoeWarps][32], warp_expert[kMoeWarps][32];
-  __shared__ int32_t small_runs[2][kMoeSmallExperts];  // the small layout's run_row, run_kept
+  __shared__ int32_t small_runs[2][kMoeSmallExperts];  // the small layout's run_row, run_kept; then phase 3's stage
   __shared__ int32_t small_entries[kMoeSmallEntries];  // CTA 0's copy of the routing there
   const bool small = c.tokens * plan.topk <= kMoeSmallEntries && plan.experts <= kMoeSmallExperts;
   if (threadIdx.x == 0) {
@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_dispatch_kernel(const __gr
   }
   char* recv = c.workspace_here + plan.recv_offset;
   const MoeSlot* slots = reinterpret_cast<const MoeSlot*>(c.workspace_here + plan.slots_offset);
-  for_kept_rows(c, [&](int32_t r) {
+  for_kept_rows(c, small_runs, [&](int32_t r) {  // after await_flags' __syncthreads: phase 2 is done with it
     const int32_t from = slots[r].primary_row;
     if (from != r && from >= 0 && from < plan.recv_rows) {
       warp_copy(recv + static_cast<int64_t>(r) * plan.row_bytes, recv + static_cast<int64_t>(from) * plan.row_bytes,
@@ -151,6 +151,7 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_combine_kernel(const __gri
   const int32_t me = t.local_rank, L = plan.experts_per_rank;
   __shared__ uint64_t n;
   __shared__ int failed;
+  __shared__ int32_t stage[2][kMoeSmallExperts];
   if (threadIdx.x == 0) {
     n = op_number(t);
     failed = 0;
@@ -159,7 +160,7 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_combine_kernel(const __gri
 
   // 0: every kept row's output to its home.
   const MoeSlot* slots = reinterpret_cast<const MoeSlot*>(c.workspace_here + plan.slots_offset);
-  for_kept_rows(c, [&](int32_t r) {
+  for_kept_rows(c, stage, [&](int32_t r) {
     const MoeSlot s = slots[r];
     if (!valid_home(plan, s)) return;  // never for a kept row: the dispatch wrote its metadata
     warp_copy(t.heaps[s.source_rank] + c.workspace + plan.combine_row_offset(s.source_token, s.topk_pos),
