@@ -158,12 +158,15 @@ def cases():
                seed=23)
     yield Case("mixtral-like: 8 experts, top-2, hidden 4096", 8, 2, 4096, 512, r, seed=24) if 8 % WORLD == 0 else \
         Case("mixtral-like: 2 per rank, top-2, hidden 4096", 2 * WORLD, 2, 4096, 512, r, seed=24)
-    # More top-k entries than a warp has lanes: the CTA-per-token send, the sums' entries in two rounds.
-    yield Case("random top-k 40", 48 * WORLD, 40, 320, 24, r, seed=25)
-    # moe_dispatch's small layout takes at most 512 top-k entries (the cases above with fewer): the
-    # most it takes; then more, where every CTA numbers some experts' slots and the phases meet at
-    # grid barriers (and the cases above with more).
-    yield Case("random, 256 tokens top-2 (the small layout's most)", E8, 2, 256, 256, r, seed=28)
+    # More top-k entries than a warp has lanes: the CTA-per-token send, the sums' entries in two rounds
+    # (1200 entries: the grid's layout).
+    yield Case("random top-k 40", 48 * WORLD, 40, 320, 30, r, seed=25)
+    # moe_dispatch's small layout takes at most 1024 top-k entries (the cases above with fewer): the
+    # most it takes, with few experts and with many (every warp's tally of each); then more, where
+    # every CTA numbers some experts' slots and the phases meet at grid barriers.
+    yield Case("random, 512 tokens top-2 (the small layout's most)", E8, 2, 256, 512, r, seed=28)
+    yield Case("random, 128 tokens top-8 of 64 experts a rank (the small layout's most)", 64 * WORLD, 8, 256, 128,
+               r, seed=31)
     yield Case("random top-k 40, 12 tokens (the small layout, a CTA per token)", 48 * WORLD, 40, 320, 12, r, seed=29)
     yield Case("the small layout on even ranks, the grid's on odd ones", E8, 2, 256,
                [256 if s % 2 == 0 else 1100 for s in range(WORLD)], r, seed=30)

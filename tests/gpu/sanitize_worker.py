@@ -167,7 +167,7 @@ interlace.moe_combine(expert_out, handle2, group, out=unfused)
 torch.cuda.synchronize()
 group.check()
 assert torch.equal(fused, unfused), "moe_gemm_combine on the swapped problem against grouped_gemm + moe_combine"
-# moe_dispatch's grid layout (more than 512 top-k entries here; the dispatches above take the small
+# moe_dispatch's grid layout (more than 1024 top-k entries here; the dispatches above take the small
 # one), then the combine of the rows as they arrived: each token's row times the sum of its weights.
 T3 = 1100
 x3 = torch.randn(T3, H, generator=gen, device="cuda").to(torch.bfloat16)

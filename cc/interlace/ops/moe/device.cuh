@@ -21,11 +21,13 @@ static_assert(kMoeThreads >= kMaxLocalRanks, "op_begin needs a thread per peer")
 // moe_dispatch's small layout (ops/moe/kernel.cuh), for at most this many top-k entries on the rank
 // and experts in all: one CTA numbers the slots, every CTA lays the runs out for itself in shared
 // memory, and no phase waits for a grid barrier. The Mixtral-like decode (256 entries) spent most of
-// its time in the three barriers: 27 -> 21 us under graphs. One warp numbers 32 entries at a time,
-// so more entries are numbered faster by many CTAs, an expert each: the DeepSeek-like decode (1024)
-// took 41 -> 42 us. (1 x H100, bench/results/moe_small_layout_1xH100.log.)
-constexpr int32_t kMoeSmallEntries = 512;
+// its time in the three barriers: 27 -> 21 us under graphs (1 x H100,
+// bench/results/moe_small_layout_1xH100.log). A warp numbers kMoeSmallRounds x 32 entries at most.
+constexpr int32_t kMoeSmallEntries = 1024;
 constexpr int32_t kMoeSmallExperts = 1024;
+constexpr int kMoeSmallRounds = kMoeSmallEntries / kMoeThreads;
+static_assert(kMoeSmallEntries % kMoeThreads == 0, "whole rounds of 32 entries a warp");
+static_assert(kMoeSmallRounds * 32 <= 255, "a warp's count of one expert fits a byte (number_all_slots' tally)");
 
 // What both kernels share: where the handle's workspace is, its local arrays.
 struct MoeCommonParams {
@@ -265,31 +267,50 @@ __device__ __forceinline__ int32_t number_slots(const MoeDispatchParams& p, int3
 }
 
 // The small layout's phase 0, all threads of one CTA: numbers this rank's slots of every expert in
-// token order (pos) in one pass and leaves each expert's count in counts[e]. A warp takes 32 entries
-// at a time; the lanes of one expert take consecutive numbers (__match_any_sync). The entries (at
-// most kMoeSmallEntries) are first read into `experts` together: one memory round trip, not one per
-// 32 entries.
+// token order (pos) and leaves each expert's count in counts[e]. The entries (at most
+// kMoeSmallEntries) are first read into `experts` together: one memory round trip. Each warp takes a
+// run of consecutive entries, 32 at a time (the lanes of one expert take consecutive places,
+// __match_any_sync), and counts them per expert in tally[warp]; a slot's number is its place in its
+// warp's run plus the tallies of the warps before. (One warp over all the entries made the
+// DeepSeek-like decode's 1024 a microsecond slower than the grid's layout.)
 template <class IdxT>
-__device__ __forceinline__ void number_all_slots(const MoeDispatchParams& p, int32_t* experts, int32_t* counts) {
-  const int32_t entries = p.c.tokens * p.c.plan.topk;
+__device__ __forceinline__ void number_all_slots(const MoeDispatchParams& p, int32_t* experts, int32_t* counts,
+                                                 uint8_t (*tally)[kMoeSmallExperts]) {
+  const int32_t entries = p.c.tokens * p.c.plan.topk, E = p.c.plan.experts;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int32_t i = threadIdx.x; i < entries; i += blockDim.x) experts[i] = expert_at<IdxT>(p, i);
-  for (int32_t e = threadIdx.x; e < p.c.plan.experts; e += blockDim.x) counts[e] = 0;
+  for (int32_t i = threadIdx.x; i < kMoeWarps * E; i += blockDim.x) tally[i / E][i % E] = 0;
   __syncthreads();
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    for (int32_t base = 0; base < entries; base += 32) {
-      const int32_t i = base + lane;
-      const int32_t e = i < entries ? experts[i] : -1;
-      const uint32_t same = __match_any_sync(~0u, e);
-      const int leader = __ffs(same) - 1;
+  const int32_t rounds = ((entries + 31) / 32 + kMoeWarps - 1) / kMoeWarps;  // of 32 entries, a warp's run
+  int32_t place[kMoeSmallRounds];
+#pragma unroll
+  for (int u = 0; u < kMoeSmallRounds; ++u) {
+    const int32_t i = (warp * rounds + u) * 32 + lane;
+    const int32_t e = u < rounds && i < entries ? experts[i] : -1;
+    const uint32_t same = __match_any_sync(~0u, e);
+    const int leader = __ffs(same) - 1;
+    int32_t before = 0;
+    if (lane == leader && e >= 0) {
+      before = tally[warp][e];
+      tally[warp][e] = static_cast<uint8_t>(before + __popc(same));
+    }
+    place[u] = __shfl_sync(~0u, before, leader) + __popc(same & ((1u << lane) - 1u));
+    __syncwarp();  // tally[warp] is read by the next round's leaders
+  }
+  __syncthreads();
+  for (int32_t e = threadIdx.x; e < E; e += blockDim.x) {
+    int32_t all = 0;
+    for (int w = 0; w < kMoeWarps; ++w) all += tally[w][e];
+    counts[e] = all;
+  }
+#pragma unroll
+  for (int u = 0; u < kMoeSmallRounds; ++u) {
+    const int32_t i = (warp * rounds + u) * 32 + lane;
+    const int32_t e = u < rounds && i < entries ? experts[i] : -1;
+    if (e >= 0) {
       int32_t before = 0;
-      if (lane == leader && e >= 0) {
-        before = counts[e];
-        counts[e] = before + __popc(same);
-      }
-      before = __shfl_sync(~0u, before, leader);
-      if (e >= 0) p.pos[i] = before + __popc(same & ((1u << lane) - 1u));
-      __syncwarp();  // counts[] is read by the next round's leaders
+      for (int w = 0; w < warp; ++w) before += tally[w][e];
+      p.pos[i] = before + place[u];
     }
   }
   __syncthreads();
