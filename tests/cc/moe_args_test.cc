@@ -280,9 +280,9 @@ TEST(MoeDispatchGemmArgs, DefaultCopiersShrinkWithTheMatmulsWidth) {
   EXPECT_EQ(default_moe_copy_ctas(4096, 1, 2), 1);
 }
 
-TEST(MoeFlagsLayout, PlanFlagsFollowTheBarrierWordsWithinTheRegion) {
+TEST(MoeFlagsLayout, PlanFlagsFollowTheGridBarrierWithinTheRegion) {
   EXPECT_EQ(sizeof(MoeFlags), kOpRegionBytes);
-  EXPECT_EQ(offsetof(MoeFlags, plan), kMoeBarrierWords * sizeof(uint64_t));
+  EXPECT_EQ(offsetof(MoeFlags, plan), 2 * sizeof(uint64_t));  // release, then the count (and a spare word)
   // The largest plan the flags allow fits: W + 3E <= kMoeMaxFlags.
   MoeShape s;
   s.world = 2;
