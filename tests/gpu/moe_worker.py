@@ -115,7 +115,8 @@ def route_with_unused(g, s, T, E, k):
 
 
 def route_one_rank_per_token(g, s, T, E, k):
-    """Every token's k experts on one rank (k <= local experts): it travels once."""
+    """Every token's k experts on one rank (k <= local experts): another rank's token travels there once;
+    in moe_dispatch this rank's own is written into each of its slots."""
     L = E // WORLD
     if T == 0:
         return torch.empty(0, k, dtype=torch.int64)

@@ -108,8 +108,8 @@ __device__ __forceinline__ bool arrive(MoeFlags& f, uint64_t n, uint64_t phase) 
   return last != 0;
 }
 
-// Waits poll with the first warp only: every CTA waits at once, and a poller per thread of every
-// CTA would take L2 bandwidth from the CTAs still copying.
+// await_flags polls with the first warp only (await_all with one thread): every CTA waits at once,
+// and a poller per thread of every CTA would take L2 bandwidth from the CTAs still copying.
 constexpr int kMoePollers = 32;
 
 // All threads: waits until every CTA of the grid has arrived at `phase` of op n. False if the wait

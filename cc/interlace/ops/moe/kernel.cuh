@@ -1,9 +1,9 @@
 // moe_dispatch and moe_combine over NVLink, unfused: the kernels that execute ops/moe/plan.h.
 //
 // Each kernel's CTAs work in phases. At the end of one, every CTA counts itself done (arrive: one
-// atomic); the last either raises a flag for the ranks itself ("the last CTA raises") or releases
-// the CTAs that wait for every CTA's writes ("grid barrier", MoeFlags::release, raised to op number
-// x kMoePhases + phase). All CTAs must be resident at once: the launch uses at most one per SM.
+// atomic); the last raises MoeFlags::release (op number x kMoePhases + phase), which the CTAs that
+// need every CTA's writes wait for ("grid barrier"), and where the ranks wait instead, also raises
+// their flag itself ("the last CTA raises"). All CTAs must be resident at once: the launch uses at most one per SM.
 // Flags across ranks are raised to the op number (the same on every rank: ops run in one sequence),
 // so nothing is reset and a captured graph replays correctly.
 //

@@ -37,7 +37,8 @@
 // Everything a kernel evaluates is closed form over the plan (a few integers, a kernel parameter)
 // and the exchanged counts: nothing is uploaded per shape or per routing, so a MoE layer can be
 // captured in a CUDA graph. moe_reference() computes the same layout by walking the routing, and is
-// what the GPU kernels will be tested against.
+// what the GPU kernels will be tested against (its own-rank primary rows are moe_dispatch's;
+// moe_dispatch_gemm's are primary_of's with direct_rank -1).
 #pragma once
 
 #include <cstddef>
