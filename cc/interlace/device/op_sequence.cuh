@@ -104,17 +104,20 @@ __device__ inline OpStart op_begin_warp(const Transport& t, const WaitContext& c
   return start;
 }
 
-// All threads of every CTA, once per launch: true (in every thread) in the last CTA to arrive, which
-// then sees what the other CTAs stored before arriving; `arrived` (device memory, zero between
-// launches) is reset for the next launch.
+// All threads of every CTA: true (in every thread) in the last CTA to arrive, which then sees what
+// the other CTAs stored before arriving; `arrived` (device memory, zero before the first arrival) is
+// reset for the next round. kSystem: the CTAs' stores went to peers too, so the fences are
+// system-wide.
+template <bool kSystem = false>
 __device__ inline bool last_cta_to_arrive(uint32_t* arrived) {
   __shared__ int last;
+  const auto fence = [] { kSystem ? __threadfence_system() : __threadfence(); };
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
+    fence();
     last = atomicAdd(arrived, 1u) == gridDim.x - 1;
     if (last) {
-      __threadfence();  // acquire: what this CTA does next is ordered after the others' arrivals
+      fence();  // acquire: what this CTA does next is ordered after the others' arrivals
       *arrived = 0;
     }
   }

@@ -93,19 +93,9 @@ __device__ __forceinline__ uint64_t op_number(const device::NvlinkTransport& t) 
 // the last CTA raises next. A wait that fails (and so a call cut short, leaving a count behind)
 // aborts the group for good.
 __device__ __forceinline__ bool arrive(MoeFlags& f, uint64_t n, uint64_t phase) {
-  __shared__ int last;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence_system();
-    last = atomicAdd(&f.arrived, 1u) == gridDim.x - 1;
-    if (last) {
-      f.arrived = 0;
-      __threadfence_system();
-      device::store_release_gpu(&f.release, n * kMoePhases + phase);
-    }
-  }
-  __syncthreads();
-  return last != 0;
+  const bool last = device::last_cta_to_arrive</*kSystem=*/true>(&f.arrived);
+  if (last && threadIdx.x == 0) device::store_release_gpu(&f.release, n * kMoePhases + phase);  // after the reset
+  return last;
 }
 
 // await_flags polls with the first warp only (await_all with one thread): every CTA waits at once,
