@@ -16,6 +16,9 @@ import interlace
 from interlace.bench.launch import expect_error
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+# moe_dispatch's small layout takes at most 65535 top-k entries a rank and 1024 experts: the grid's
+# layout is reached by more experts than that.
+EGRID = WORLD * (1024 // WORLD + 1)
 torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 MIB = 1 << 20
 INPUTS = {}  # a handle's last dispatch's inputs, by id(handle)
@@ -162,18 +165,23 @@ def cases():
     # More top-k entries than a warp has lanes: the CTA-per-token send, the sums' entries in two rounds
     # (1200 entries: the grid's layout).
     yield Case("random top-k 40", 48 * WORLD, 40, 320, 30, r, seed=25)
-    # moe_dispatch's small layout takes at most 1024 top-k entries (the cases above with fewer): the
-    # most it takes, with few experts and with many (every warp's tally of each); then more, where
-    # every CTA numbers some experts' slots and the phases meet at grid barriers.
-    yield Case("random, 512 tokens top-2 (the small layout's most)", E8, 2, 256, 512, r, seed=28)
-    yield Case("random, 128 tokens top-8 of 64 experts a rank (the small layout's most)", 64 * WORLD, 8, 256, 128,
-               r, seed=31)
-    yield Case("random top-k 40, 12 tokens (the small layout, a CTA per token)", 48 * WORLD, 40, 320, 12, r, seed=29)
-    yield Case("the small layout on even ranks, the grid's on odd ones", E8, 2, 256,
-               [256 if s % 2 == 0 else 1100 for s in range(WORLD)], r, seed=30)
-    yield Case("random, 1100 tokens top-2 (the grid's layout)", E8, 2, 256, 1100, r, seed=26)
-    yield Case("zipf, 64 experts per rank, 300 tokens top-8 (the grid's layout)", 64 * WORLD, 8, 256, 300, route_zipf,
-               kind="per_rank", seed=27)
+    # moe_dispatch's small layout (the cases above) takes at most 65535 top-k entries and 1024
+    # experts; CTA 0's warps number runs of the entries, 8 rounds of 32 loaded at once: few and many
+    # experts, more rounds than a batch; then the grid's layout, where every CTA numbers some experts'
+    # slots and the phases meet at grid barriers.
+    yield Case("random, 512 tokens top-2", E8, 2, 256, 512, r, seed=28)
+    yield Case("random, 128 tokens top-8 of 64 experts a rank", 64 * WORLD, 8, 256, 128, r, seed=31)
+    yield Case("random top-k 40, 12 tokens (a CTA per token)", 48 * WORLD, 40, 320, 12, r, seed=29)
+    yield Case("zipf, 64 experts per rank, 300 tokens top-8", 64 * WORLD, 8, 256, 300, route_zipf, kind="per_rank",
+               seed=27)
+    yield Case("random, 1024 experts, 1100 tokens top-8", 1024, 8, 64, 1100, r, seed=32) if 1024 % WORLD == 0 else \
+        Case("random, 1100 tokens top-8", 64 * WORLD, 8, 64, 1100, r, seed=32)
+    yield Case("the small layout on even ranks, the grid's on odd ones (over 65535 entries)", 64 * WORLD, 32, 64,
+               [64 if s % 2 == 0 else 2100 for s in range(WORLD)], r, seed=30)
+    yield Case("random, 1100 tokens top-2 of more than 1024 experts (the grid's layout)", EGRID, 2, 256, 1100, r,
+               seed=26)
+    yield Case("random, 64 tokens top-2 of more than 1024 experts (the grid's layout, a CTA per token)", EGRID, 2,
+               256, 64, r, seed=33)
 
 
 def fail(case, what):
@@ -296,8 +304,9 @@ def scenario_overflow():
     """A capacity below what the routing needs: kept slots are right, dropped ones add nothing, and
     group.check() raises once, naming moe_dispatch; the group stays usable."""
     group = interlace.init(heap_bytes=512 * MIB)
-    for kind, tokens in itertools.product(("per_expert", "per_rank"), (96, 600)):  # moe_dispatch's two layouts
-        case = Case(f"overflow {kind}, {tokens} tokens", 4 * WORLD, 2, 256, tokens, route_zipf,
+    # moe_dispatch's two layouts: the small one, the grid's (more than 1024 experts).
+    for kind, (experts, tokens) in itertools.product(("per_expert", "per_rank"), ((4 * WORLD, 96), (EGRID, 600))):
+        case = Case(f"overflow {kind}, {experts} experts, {tokens} tokens", experts, 2, 256, tokens, route_zipf,
                     capacity=lambda need: max(need // 3, 1), kind=kind, seed=40)
         assert case.capacity < case.needed_capacity()
         try:
@@ -320,7 +329,7 @@ def scenario_streams():
     group = interlace.init(heap_bytes=512 * MIB)
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
     a = Case("stream 1", 4 * WORLD, 2, 256, 64, route_random, seed=50)  # moe_dispatch's small layout
-    b = Case("stream 2", 4 * WORLD, 2, 256, 600, route_zipf, seed=51)  # its grid layout
+    b = Case("stream 2", EGRID, 2, 256, 600, route_zipf, seed=51)  # its grid layout
     ha = hb = None
     for _ in range(3):
         ha = run_case(group, a, handle=ha, stream=s1)
@@ -345,7 +354,7 @@ def scenario_streams():
     print(f"rank {RANK}: two streams back to back correct")
 
 
-def graph_buffers(group, E, k, H, T):
+def graph_buffers(group, E, k, H, T, kind="per_expert"):
     """A captured layer's inputs (x, idx, weights), its out, a no-drop capacity and its handle: the
     graph replays read and write these same buffers."""
     dev = torch.device("cuda")
@@ -353,8 +362,9 @@ def graph_buffers(group, E, k, H, T):
     idx = torch.empty(T, k, dtype=torch.int32, device=dev)
     w = torch.empty(T, k, dtype=torch.float32, device=dev)
     out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
-    capacity = interlace.moe_no_drop_capacity(WORLD, num_experts=E, topk=k, max_tokens=T)
-    handle = interlace.MoeHandle(group, num_experts=E, topk=k, hidden=H, max_tokens=T, capacity=capacity)
+    capacity = interlace.moe_no_drop_capacity(WORLD, num_experts=E, topk=k, max_tokens=T, capacity_kind=kind)
+    handle = interlace.MoeHandle(group, num_experts=E, topk=k, hidden=H, max_tokens=T, capacity=capacity,
+                                 capacity_kind=kind)
     return x, idx, w, out, capacity, handle
 
 
@@ -378,16 +388,17 @@ def captured(layer, stream):
 
 def scenario_graph():
     """Dispatch, an expert map and combine captured in one CUDA graph, replayed with new routing; at
-    64 tokens (moe_dispatch's small layout) and 600 (its grid layout)."""
+    64 tokens of 4 experts a rank (moe_dispatch's small layout) and 600 of more than 1024 experts (its
+    grid layout)."""
     group = interlace.init(heap_bytes=512 * MIB)
-    for T in (64, 600):
-        graph_replays(group, T)
+    for T, E, kind in ((64, 4 * WORLD, "per_expert"), (600, EGRID, "per_rank")):  # per_rank: W x T x k rows
+        graph_replays(group, T, E, kind)
     print(f"rank {RANK}: 2 x 20 graph replays correct")
 
 
-def graph_replays(group, T):
-    E, k, H = 4 * WORLD, 2, 256
-    x, idx, w, out, capacity, handle = graph_buffers(group, E, k, H, T)
+def graph_replays(group, T, E, kind):
+    k, H = 2, 256
+    x, idx, w, out, capacity, handle = graph_buffers(group, E, k, H, T, kind)
     stream = torch.cuda.Stream()
     expert_x = torch.from_dlpack(handle.expert_x)
     expert_out = torch.empty_like(expert_x)
@@ -402,7 +413,7 @@ def graph_replays(group, T):
     graph = captured(layer, stream)
     for step in range(20):
         case = Case(f"replay {step}", E, k, H, T, route_random if step % 2 else route_zipf, capacity=lambda n: capacity,
-                    seed=100 + step)
+                    kind=kind, seed=100 + step)
         load_routing(case, x, idx, w)
         out.fill_(float("nan"))
         torch.cuda.synchronize()

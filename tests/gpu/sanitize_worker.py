@@ -167,14 +167,14 @@ interlace.moe_combine(expert_out, handle2, group, out=unfused)
 torch.cuda.synchronize()
 group.check()
 assert torch.equal(fused, unfused), "moe_gemm_combine on the swapped problem against grouped_gemm + moe_combine"
-# moe_dispatch's grid layout (more than 1024 top-k entries here; the dispatches above take the small
-# one), then the combine of the rows as they arrived: each token's row times the sum of its weights.
-T3 = 1100
+# moe_dispatch's grid layout (more than 1024 experts; the dispatches above take the small one), then
+# the combine of the rows as they arrived: each token's row times the sum of its weights.
+T3, E3 = 300, WORLD * (1024 // WORLD + 1)
 x3 = torch.randn(T3, H, generator=gen, device="cuda").to(torch.bfloat16)
-idx3 = torch.rand(T3, E, generator=gen, device="cuda").argsort(dim=1)[:, :2].int()
+idx3 = torch.rand(T3, E3, generator=gen, device="cuda").argsort(dim=1)[:, :2].int()
 wts3 = torch.rand(T3, 2, generator=gen, device="cuda")
-handle3 = interlace.MoeHandle(group, num_experts=E, topk=2, hidden=H, max_tokens=T3,
-                              capacity=interlace.moe_no_drop_capacity(WORLD, num_experts=E, topk=2, max_tokens=T3))
+handle3 = interlace.MoeHandle(group, num_experts=E3, topk=2, hidden=H, max_tokens=T3,
+                              capacity=interlace.moe_no_drop_capacity(WORLD, num_experts=E3, topk=2, max_tokens=T3))
 expert_x3, _ = interlace.moe_dispatch(x3, idx3, wts3, group, handle=handle3)
 combined = torch.empty(T3, H, dtype=torch.bfloat16, device="cuda")
 interlace.moe_combine(torch.from_dlpack(expert_x3).clone(), handle3, group, out=combined)

@@ -22,12 +22,18 @@ static_assert(kMoeThreads >= kMaxLocalRanks, "op_begin needs a thread per peer")
 // and experts in all: one CTA numbers the slots, every CTA lays the runs out for itself in shared
 // memory, and no phase waits for a grid barrier. The Mixtral-like decode (256 entries) spent most of
 // its time in the three barriers: 27 -> 21 us under graphs (1 x H100,
-// bench/results/moe_small_layout_1xH100.log). A warp numbers kMoeSmallRounds x 32 entries at most.
-constexpr int32_t kMoeSmallEntries = 1024;
+// bench/results/moe_small_layout_1xH100.log). At most 65535 entries: every count and start in
+// number_all_slots' tally fits a uint16.
+constexpr int32_t kMoeSmallEntries = 65535;
 constexpr int32_t kMoeSmallExperts = 1024;
-constexpr int kMoeSmallRounds = kMoeSmallEntries / kMoeThreads;
-static_assert(kMoeSmallEntries % kMoeThreads == 0, "whole rounds of 32 entries a warp");
-static_assert(kMoeSmallRounds * 32 <= 255, "a warp's count of one expert fits a byte (number_all_slots' tally)");
+constexpr int kMoeNumberBatch = 8;  // rounds of 32 entries a warp of number_all_slots loads at once
+
+// The small layout's shared memory: CTA 0's tally while it numbers the slots, then every CTA's runs
+// of every expert (run_row, run_kept), then phase 3's stage of the local experts' runs.
+union MoeSmallShared {
+  uint16_t tally[kMoeWarps][kMoeSmallExperts];
+  int32_t runs[2][kMoeSmallExperts];
+};
 
 // What both kernels share: where the handle's workspace is, its local arrays.
 struct MoeCommonParams {
@@ -257,53 +263,61 @@ __device__ __forceinline__ int32_t number_slots(const MoeDispatchParams& p, int3
 }
 
 // The small layout's phase 0, all threads of one CTA: numbers this rank's slots of every expert in
-// token order (pos) and leaves each expert's count in counts[e]. The entries (at most
-// kMoeSmallEntries) are first read into `experts` together: one memory round trip. Each warp takes a
+// token order (pos) and stores each expert's count into every rank's counts table. Each warp takes a
 // run of consecutive entries, 32 at a time (the lanes of one expert take consecutive places,
-// __match_any_sync), and counts them per expert in tally[warp]; a slot's number is its place in its
-// warp's run plus the tallies of the warps before. (One warp over all the entries made the
-// DeepSeek-like decode's 1024 a microsecond slower than the grid's layout.)
+// __match_any_sync), kMoeNumberBatch rounds' entries loaded together: a first pass counts the run's
+// slots per expert in tally[warp], which then becomes where they start (the counts of the warps
+// before); a second numbers them from there. (One warp over all the entries made the DeepSeek-like
+// decode's 1024 a microsecond slower than the grid's layout; the grid's layout scans every entry
+// once per expert, 512 at a time with two block barriers each.)
 template <class IdxT>
-__device__ __forceinline__ void number_all_slots(const MoeDispatchParams& p, int32_t* experts, int32_t* counts,
-                                                 uint8_t (*tally)[kMoeSmallExperts]) {
-  const int32_t entries = p.c.tokens * p.c.plan.topk, E = p.c.plan.experts;
+__device__ __forceinline__ void number_all_slots(const MoeDispatchParams& p, uint16_t (*tally)[kMoeSmallExperts]) {
+  const MoeCommonParams& c = p.c;
+  const MoePlan& plan = c.plan;
+  const int32_t entries = c.tokens * plan.topk, E = plan.experts;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int32_t i = threadIdx.x; i < entries; i += blockDim.x) experts[i] = expert_at<IdxT>(p, i);
   for (int32_t i = threadIdx.x; i < kMoeWarps * E; i += blockDim.x) tally[i / E][i % E] = 0;
   __syncthreads();
-  const int32_t rounds = ((entries + 31) / 32 + kMoeWarps - 1) / kMoeWarps;  // of 32 entries, a warp's run
-  int32_t place[kMoeSmallRounds];
+  const int32_t rounds = ((entries + 31) / 32 + kMoeWarps - 1) / kMoeWarps;
+  const int32_t first = warp * rounds * 32;  // this warp's run: entries [first, first + 32 x rounds)
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int32_t u0 = 0; u0 < rounds; u0 += kMoeNumberBatch) {
+      int32_t e[kMoeNumberBatch];
 #pragma unroll
-  for (int u = 0; u < kMoeSmallRounds; ++u) {
-    const int32_t i = (warp * rounds + u) * 32 + lane;
-    const int32_t e = u < rounds && i < entries ? experts[i] : -1;
-    const uint32_t same = __match_any_sync(~0u, e);
-    const int leader = __ffs(same) - 1;
-    int32_t before = 0;
-    if (lane == leader && e >= 0) {
-      before = tally[warp][e];
-      tally[warp][e] = static_cast<uint8_t>(before + __popc(same));
-    }
-    place[u] = __shfl_sync(~0u, before, leader) + __popc(same & ((1u << lane) - 1u));
-    __syncwarp();  // tally[warp] is read by the next round's leaders
-  }
-  __syncthreads();
-  for (int32_t e = threadIdx.x; e < E; e += blockDim.x) {
-    int32_t all = 0;
-    for (int w = 0; w < kMoeWarps; ++w) all += tally[w][e];
-    counts[e] = all;
-  }
+      for (int b = 0; b < kMoeNumberBatch; ++b) {
+        const int32_t i = first + (u0 + b) * 32 + lane;
+        e[b] = u0 + b < rounds && i < entries ? expert_at<IdxT>(p, i) : -1;
+      }
 #pragma unroll
-  for (int u = 0; u < kMoeSmallRounds; ++u) {
-    const int32_t i = (warp * rounds + u) * 32 + lane;
-    const int32_t e = u < rounds && i < entries ? experts[i] : -1;
-    if (e >= 0) {
-      int32_t before = 0;
-      for (int w = 0; w < warp; ++w) before += tally[w][e];
-      p.pos[i] = before + place[u];
+      for (int b = 0; b < kMoeNumberBatch; ++b) {
+        const uint32_t same = __match_any_sync(~0u, e[b]);
+        const int leader = __ffs(same) - 1;
+        int32_t before = 0;
+        if (lane == leader && e[b] >= 0) {
+          before = tally[warp][e[b]];
+          tally[warp][e[b]] = static_cast<uint16_t>(before + __popc(same));
+        }
+        before = __shfl_sync(~0u, before, leader);
+        if (pass == 1 && e[b] >= 0) p.pos[first + (u0 + b) * 32 + lane] = before + __popc(same & ((1u << lane) - 1u));
+        __syncwarp();  // tally[warp] is read by the next round's leaders
+      }
+    }
+    __syncthreads();
+    if (pass == 0) {
+      for (int32_t e = threadIdx.x; e < E; e += blockDim.x) {
+        int32_t all = 0;
+        for (int w = 0; w < kMoeWarps; ++w) {
+          const int32_t mine = tally[w][e];
+          tally[w][e] = static_cast<uint16_t>(all);
+          all += mine;
+        }
+        for (int32_t d = 0; d < plan.world; ++d) {
+          *reinterpret_cast<int32_t*>(c.transport.heaps[d] + c.workspace + plan.count_offset(c.transport.local_rank, e)) = all;
+        }
+      }
+      __syncthreads();
     }
   }
-  __syncthreads();
 }
 
 // Phase 1, one thread, expert e, from the exchanged counts: this rank's run of e into run_row and

@@ -55,9 +55,8 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_dispatch_kernel(const __gr
   __shared__ int32_t warp_hits[kMoeWarps];
   __shared__ int32_t row[kMoeMaxTopk], expert[kMoeMaxTopk], primary[kMoeMaxTopk];
   __shared__ int32_t warp_row[kMoeWarps][32], warp_expert[kMoeWarps][32];
-  __shared__ int32_t small_runs[2][kMoeSmallExperts];  // the small layout's run_row, run_kept; then phase 3's stage
-  __shared__ int32_t small_entries[kMoeSmallEntries];  // CTA 0's copy of the routing there
-  __shared__ uint8_t small_tally[kMoeWarps][kMoeSmallExperts];  // CTA 0's slots a warp per expert
+  __shared__ MoeSmallShared small_shared;
+  int32_t(&small_runs)[2][kMoeSmallExperts] = small_shared.runs;
   const bool small = c.tokens * plan.topk <= kMoeSmallEntries && plan.experts <= kMoeSmallExperts;
   if (threadIdx.x == 0) {
     n = op_number(t);
@@ -69,13 +68,7 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_dispatch_kernel(const __gr
   // 0: counts.
   if (small) {
     if (blockIdx.x == 0) {
-      int32_t* counts = small_runs[0];
-      number_all_slots<IdxT>(p, small_entries, counts, small_tally);
-      for (int32_t i = threadIdx.x; i < plan.world * plan.experts; i += blockDim.x) {
-        const int32_t d = i / plan.experts, e = i % plan.experts;
-        *reinterpret_cast<int32_t*>(t.heaps[d] + c.workspace + plan.count_offset(me, e)) = counts[e];
-      }
-      __syncthreads();
+      number_all_slots<IdxT>(p, small_shared.tally);  // its last __syncthreads orders every count before the flag
       raise_everywhere(c, flags, plan.counts_flag(me), 1, n);
     }
   } else {
