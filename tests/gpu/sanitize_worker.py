@@ -173,8 +173,11 @@ T3, E3 = 300, WORLD * (1024 // WORLD + 1)
 x3 = torch.randn(T3, H, generator=gen, device="cuda").to(torch.bfloat16)
 idx3 = torch.rand(T3, E3, generator=gen, device="cuda").argsort(dim=1)[:, :2].int()
 wts3 = torch.rand(T3, 2, generator=gen, device="cuda")
-handle3 = interlace.MoeHandle(group, num_experts=E3, topk=2, hidden=H, max_tokens=T3,
-                              capacity=interlace.moe_no_drop_capacity(WORLD, num_experts=E3, topk=2, max_tokens=T3))
+# per_rank: W x T x 2 rows in all (per_expert's no-drop capacity is W x T rows for each of 1025 experts,
+# more than the heap holds).
+handle3 = interlace.MoeHandle(group, num_experts=E3, topk=2, hidden=H, max_tokens=T3, capacity_kind="per_rank",
+                              capacity=interlace.moe_no_drop_capacity(WORLD, num_experts=E3, topk=2, max_tokens=T3,
+                                                                      capacity_kind="per_rank"))
 expert_x3, _ = interlace.moe_dispatch(x3, idx3, wts3, group, handle=handle3)
 combined = torch.empty(T3, H, dtype=torch.bfloat16, device="cuda")
 interlace.moe_combine(torch.from_dlpack(expert_x3).clone(), handle3, group, out=combined)
