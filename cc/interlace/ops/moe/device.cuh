@@ -268,8 +268,9 @@ __device__ __forceinline__ int32_t number_slots(const MoeDispatchParams& p, int3
 // __match_any_sync), kMoeNumberBatch rounds' entries loaded together: a first pass counts the run's
 // slots per expert in tally[warp], which then becomes where they start (the counts of the warps
 // before); a second numbers them from there, reading the entries again only where a warp's run is
-// more than one batch (the decode's stay in registers: loaded twice, the DeepSeek-like decode
-// dispatch ran 1.5 us slower than from one copy in shared memory). (One warp over all the entries made the DeepSeek-like
+// more than one batch (a decode's stay in registers). The DeepSeek-like decode dispatch is still
+// about 1 us slower than with the old one-load numbering from shared memory (up to 1024 entries;
+// bench/results/moe_world1_exit_1xH100.log). (One warp over all the entries made the DeepSeek-like
 // decode's 1024 a microsecond slower than the grid's layout; the grid's layout scans every entry
 // once per expert, 512 at a time with two block barriers each.)
 template <class IdxT>
@@ -295,7 +296,7 @@ __device__ __forceinline__ void number_all_slots(const MoeDispatchParams& p, uin
 #pragma unroll
       for (int b = 0; b < kMoeNumberBatch; ++b) {
         // Only rounds with entries (the same on every lane): a decode's warp has one or two, and
-        // matching all eight cost the DeepSeek-like decode dispatch 1.4 us.
+        // matching all eight cost the DeepSeek-like decode dispatch about 0.5 us.
         if (u0 + b >= rounds || first + (u0 + b) * 32 >= entries) continue;
         const uint32_t same = __match_any_sync(~0u, e[b]);
         const int leader = __ffs(same) - 1;
@@ -318,9 +319,8 @@ __device__ __forceinline__ void number_all_slots(const MoeDispatchParams& p, uin
           tally[w][e] = static_cast<uint16_t>(all);
           all += mine;
         }
-        for (int32_t d = 0; d < plan.world; ++d) {
-          *reinterpret_cast<int32_t*>(c.transport.heaps[d] + c.workspace + plan.count_offset(c.transport.local_rank, e)) = all;
-        }
+        const uint64_t at = c.workspace + plan.count_offset(c.transport.local_rank, e);
+        for (int32_t d = 0; d < plan.world; ++d) *reinterpret_cast<int32_t*>(c.transport.heaps[d] + at) = all;
       }
       __syncthreads();
     }
