@@ -165,10 +165,12 @@ def cases():
     # More top-k entries than a warp has lanes: the CTA-per-token send, the sums' entries in two rounds
     # (1200 entries: the grid's layout).
     yield Case("random top-k 40", 48 * WORLD, 40, 320, 30, r, seed=25)
-    # moe_dispatch's small layout (the cases above) takes at most 65535 top-k entries and 1024
-    # experts; CTA 0's warps number runs of the entries, 8 rounds of 32 loaded at once: few and many
-    # experts, more rounds than a batch; then the grid's layout, where every CTA numbers some experts'
-    # slots and the phases meet at grid barriers.
+    # moe_dispatch's numbering: up to 1024 top-k entries on a rank CTA 0 numbers them all (its warps
+    # runs of the entries, 8 rounds of 32 loaded at once); past that, with at most 1024 experts, each
+    # CTA its chunk of the tokens (above: top-k 40 over 30 tokens, a token a CTA and most chunks empty;
+    # top-8 over 256 tokens), with many experts, more rounds than a batch, one more token than the
+    # grid's chunks divide evenly; past 1024 experts the grid's layout, where every CTA numbers some
+    # experts' slots and the phases meet at grid barriers.
     yield Case("random, 512 tokens top-2", E8, 2, 256, 512, r, seed=28)
     yield Case("random, 128 tokens top-8 of 64 experts a rank", 64 * WORLD, 8, 256, 128, r, seed=31)
     yield Case("random top-k 40, 12 tokens (a CTA per token)", 48 * WORLD, 40, 320, 12, r, seed=29)
@@ -176,8 +178,9 @@ def cases():
                seed=27)
     yield Case("random, 1024 experts, 1100 tokens top-8", 1024, 8, 64, 1100, r, seed=32) if 1024 % WORLD == 0 else \
         Case("random, 1100 tokens top-8", 64 * WORLD, 8, 64, 1100, r, seed=32)
-    yield Case("the small layout on even ranks, the grid's on odd ones (over 65535 entries)", 64 * WORLD, 32, 64,
+    yield Case("top-32, 64 tokens on even ranks, 2100 on odd ones (chunks of 16 tokens)", 64 * WORLD, 32, 64,
                [64 if s % 2 == 0 else 2100 for s in range(WORLD)], r, seed=30)
+    yield Case("random, 4097 tokens top-2 (chunks of 32 tokens, the last CTA's of 1)", E8, 2, 64, 4097, r, seed=34)
     yield Case("random, 1100 tokens top-2 of more than 1024 experts (the grid's layout)", EGRID, 2, 256, 1100, r,
                seed=26)
     yield Case("random, 64 tokens top-2 of more than 1024 experts (the grid's layout, a CTA per token)", EGRID, 2,

@@ -167,23 +167,26 @@ interlace.moe_combine(expert_out, handle2, group, out=unfused)
 torch.cuda.synchronize()
 group.check()
 assert torch.equal(fused, unfused), "moe_gemm_combine on the swapped problem against grouped_gemm + moe_combine"
-# moe_dispatch's grid layout (more than 1024 experts; the dispatches above take the small one), then
-# the combine of the rows as they arrived: each token's row times the sum of its weights.
-T3, E3 = 300, WORLD * (1024 // WORLD + 1)
-x3 = torch.randn(T3, H, generator=gen, device="cuda").to(torch.bfloat16)
-idx3 = torch.rand(T3, E3, generator=gen, device="cuda").argsort(dim=1)[:, :2].int()
-wts3 = torch.rand(T3, 2, generator=gen, device="cuda")
-# per_rank: W x T x 2 rows in all (per_expert's no-drop capacity is W x T rows for each of 1025 experts,
-# more than the heap holds).
-handle3 = interlace.MoeHandle(group, num_experts=E3, topk=2, hidden=H, max_tokens=T3, capacity_kind="per_rank",
-                              capacity=interlace.moe_no_drop_capacity(WORLD, num_experts=E3, topk=2, max_tokens=T3,
-                                                                      capacity_kind="per_rank"))
-expert_x3, _ = interlace.moe_dispatch(x3, idx3, wts3, group, handle=handle3)
-combined = torch.empty(T3, H, dtype=torch.bfloat16, device="cuda")
-interlace.moe_combine(torch.from_dlpack(expert_x3).clone(), handle3, group, out=combined)
-torch.cuda.synchronize()
-group.check()
-want = x3.float() * wts3.sum(dim=1, keepdim=True)
-assert ((combined.float() - want).norm() / want.norm()).item() < 1e-2, "moe_dispatch's grid layout, then moe_combine"
+# moe_dispatch's other two numberings (the dispatches above are small: CTA 0 numbers every slot): by
+# chunks of the tokens (more than 1024 top-k entries), and the grid's layout (more than 1024
+# experts); then the combine of the rows as they arrived: each token's row times the sum of its weights.
+for T3, E3, numbering in ((600, E, "chunks"), (300, WORLD * (1024 // WORLD + 1), "the grid's layout")):
+    x3 = torch.randn(T3, H, generator=gen, device="cuda").to(torch.bfloat16)
+    idx3 = torch.rand(T3, E3, generator=gen, device="cuda").argsort(dim=1)[:, :2].int()
+    wts3 = torch.rand(T3, 2, generator=gen, device="cuda")
+    # per_rank: W x T x 2 rows in all (per_expert's no-drop capacity is W x T rows for each of 1025
+    # experts, more than the heap holds).
+    handle3 = interlace.MoeHandle(group, num_experts=E3, topk=2, hidden=H, max_tokens=T3, capacity_kind="per_rank",
+                                  capacity=interlace.moe_no_drop_capacity(WORLD, num_experts=E3, topk=2, max_tokens=T3,
+                                                                          capacity_kind="per_rank"))
+    expert_x3, _ = interlace.moe_dispatch(x3, idx3, wts3, group, handle=handle3)
+    combined = torch.empty(T3, H, dtype=torch.bfloat16, device="cuda")
+    interlace.moe_combine(torch.from_dlpack(expert_x3).clone(), handle3, group, out=combined)
+    torch.cuda.synchronize()
+    group.check()
+    want = x3.float() * wts3.sum(dim=1, keepdim=True)
+    err = ((combined.float() - want).norm() / want.norm()).item()
+    assert err < 1e-2, f"moe_dispatch by {numbering}, then moe_combine"
+    del handle3
 group.barrier()
 print(f"rank {RANK}: sanitizer workload correct")

@@ -16,12 +16,14 @@ MoeCommonParams moe_common_params(Group& group, const OpCall& call, uint64_t sig
                                   int64_t tokens);
 
 // A dispatch call's scratch in the group's heap, byte offsets: pos [max_tokens x k] at 0, run_row and
-// run_kept [E], two drop counters; with lists (moe_dispatch_gemm's), slot_start [E], slot_list
-// [max_tokens x k] and the copiers' chunk counters [2][E]; bytes in all.
+// run_kept [E], two drop counters; for a grid of ctas CTAs (moe_dispatch's), chunk_counts
+// [E][ctas]; with lists (moe_dispatch_gemm's), slot_start [E], slot_list [max_tokens x k] and the
+// copiers' chunk counters [2][E]; bytes in all.
 struct MoeDispatchScratch {
-  uint64_t run_row = 0, run_kept = 0, dropped = 0, slot_start = 0, slot_list = 0, chunks = 0, bytes = 0;
+  uint64_t run_row = 0, run_kept = 0, dropped = 0, chunk_counts = 0, slot_start = 0, slot_list = 0, chunks = 0,
+           bytes = 0;
 };
-MoeDispatchScratch moe_dispatch_scratch(const MoePlan& plan, bool lists);
+MoeDispatchScratch moe_dispatch_scratch(const MoePlan& plan, int ctas, bool lists);
 
 // Raises unless a dispatch's tensors are good (check_moe_dispatch_args, errors naming op) and their
 // shape is the handle's, which it returns.

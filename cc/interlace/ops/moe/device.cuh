@@ -18,20 +18,27 @@ constexpr int kMoeWarps = kMoeThreads / 32;
 static_assert(kMoeThreads >= kMoeMaxTopk, "a thread per top-k entry of a token");
 static_assert(kMoeThreads >= kMaxLocalRanks, "op_begin needs a thread per peer");
 
-// moe_dispatch's small layout (ops/moe/kernel.cuh), for at most this many top-k entries on the rank
-// and experts in all: one CTA numbers the slots, every CTA lays the runs out for itself in shared
-// memory, and no phase waits for a grid barrier. The Mixtral-like decode (256 entries) spent most of
-// its time in the three barriers: 27 -> 21 us under graphs (1 x H100,
-// bench/results/moe_small_layout_1xH100.log). At most 65535 entries: every count and start in
-// number_all_slots' tally fits a uint16.
-constexpr int32_t kMoeSmallEntries = 65535;
+// moe_dispatch's numbering of its slots (ops/moe/kernel.cuh). With at most kMoeSmallExperts experts
+// every CTA lays the runs out for itself in shared memory (the small layout), and the slots are
+// numbered either by CTA 0 alone, up to kMoeOneCtaEntries top-k entries on the rank (a decode: no
+// grid barrier at all; the Mixtral-like decode spent most of its time in three of them, 27 -> 21 us
+// under graphs, bench/results/moe_small_layout_1xH100.log), or past that by every CTA, a chunk of
+// the tokens each, with one grid barrier to learn where each chunk's slots start (CTA 0 alone took
+// 86 of the 4096-token DeepSeek-like dispatch's 240 us, moe_world1_exit_1xH100.log). A chunk's counts
+// fit number_slots_in's uint16 tally: at most kMoeChunkEntries entries.
+constexpr int32_t kMoeOneCtaEntries = 1024;
+constexpr int32_t kMoeChunkEntries = 65535;
 constexpr int32_t kMoeSmallExperts = 1024;
-constexpr int kMoeNumberBatch = 8;  // rounds of 32 entries a warp of number_all_slots loads at once
+constexpr int kMoeNumberBatch = 8;  // rounds of 32 entries a warp of number_slots_in loads at once
 
-// The small layout's shared memory: CTA 0's tally while it numbers the slots, then every CTA's runs
-// of every expert (run_row, run_kept), then phase 3's stage of the local experts' runs.
+// The small layout's shared memory: the numbering's tally and each expert's first slot number while
+// a CTA numbers slots, then every CTA's runs of every expert (run_row, run_kept), then phase 3's
+// stage of the local experts' runs.
 union MoeSmallShared {
-  uint16_t tally[kMoeWarps][kMoeSmallExperts];
+  struct {
+    uint16_t tally[kMoeWarps][kMoeSmallExperts];
+    int32_t start[kMoeSmallExperts];
+  } number;
   int32_t runs[2][kMoeSmallExperts];
 };
 
@@ -60,6 +67,7 @@ struct MoeDispatchParams {
   int32_t* run_row;          // [E]: this rank's run's first receive row for expert e (unclipped)
   int32_t* run_kept;         // [E]: its kept rows
   int32_t* dropped;          // [2]: slots dropped on all ranks, on this rank (zeroed in phase 0)
+  int32_t* chunk_counts;     // [E][gridDim.x]: slots of expert e in CTA b's chunk (numbering by chunks)
 };
 
 // This rank's run of each expert (first receive row, kept rows): the call's scratch, or a CTA's own
@@ -262,27 +270,36 @@ __device__ __forceinline__ int32_t number_slots(const MoeDispatchParams& p, int3
   return running;
 }
 
-// The small layout's phase 0, all threads of one CTA: numbers this rank's slots of every expert in
-// token order (pos) and stores each expert's count into every rank's counts table. Each warp takes a
-// run of consecutive entries, 32 at a time (the lanes of one expert take consecutive places,
-// __match_any_sync), kMoeNumberBatch rounds' entries loaded together: a first pass counts the run's
-// slots per expert in tally[warp], which then becomes where they start (the counts of the warps
-// before); a second numbers them from there, reading the entries again only where a warp's run is
-// more than one batch (a decode's stay in registers). The DeepSeek-like decode dispatch is still
-// about 1 us slower than with the old one-load numbering from shared memory (up to 1024 entries;
-// bench/results/moe_world1_exit_1xH100.log). (One warp over all the entries made the DeepSeek-like
-// decode's 1024 a microsecond slower than the grid's layout; the grid's layout scans every entry
-// once per expert, 512 at a time with two block barriers each.)
-template <class IdxT>
-__device__ __forceinline__ void number_all_slots(const MoeDispatchParams& p, uint16_t (*tally)[kMoeSmallExperts]) {
-  const MoeCommonParams& c = p.c;
-  const MoePlan& plan = c.plan;
-  const int32_t entries = c.tokens * plan.topk, E = plan.experts;
+// Stores this rank's count of expert e into every rank's counts table.
+__device__ __forceinline__ void store_count(const MoeCommonParams& c, int32_t e, int32_t count) {
+  for (int32_t d = 0; d < c.plan.world; ++d) {
+    *reinterpret_cast<int32_t*>(c.transport.heaps[d] + c.workspace + c.plan.count_offset(c.transport.local_rank, e)) =
+        count;
+  }
+}
+
+// The small layout's phase 0, all threads of a CTA: numbers this rank's slots among the top-k entries
+// [lo, hi) in token order (pos). Each warp takes a run of consecutive entries, 32 at a time (the lanes
+// of one expert take consecutive places, __match_any_sync), kMoeNumberBatch rounds' entries loaded
+// together. A first pass counts the run's slots per expert in tally[warp], which then becomes where
+// they start among the CTA's (the counts of the warps before); totals(start) gets the CTA's count of
+// each expert in start[] and leaves there where the CTA's slots of each expert start among the
+// rank's (false: a wait failed, so does this); a second pass numbers the slots from there, reading
+// the entries again only where a warp's run is more than one batch (a decode's stay in registers;
+// the DeepSeek-like decode dispatch is still about 1 us slower than with the old one-load numbering
+// from shared memory, bench/results/moe_world1_exit_1xH100.log). (One warp over all of a decode's
+// 1024 entries was a microsecond slower than the grid's layout, which scans every entry once per
+// expert, 512 at a time with two block barriers each.)
+template <class IdxT, class Totals>
+__device__ __forceinline__ bool number_slots_in(const MoeDispatchParams& p, int32_t lo, int32_t hi,
+                                                MoeSmallShared& s, Totals totals) {
+  const int32_t E = p.c.plan.experts;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  uint16_t(&tally)[kMoeWarps][kMoeSmallExperts] = s.number.tally;
   for (int32_t i = threadIdx.x; i < kMoeWarps * E; i += blockDim.x) tally[i / E][i % E] = 0;
   __syncthreads();
-  const int32_t rounds = ((entries + 31) / 32 + kMoeWarps - 1) / kMoeWarps;
-  const int32_t first = warp * rounds * 32;  // this warp's run: entries [first, first + 32 x rounds)
+  const int32_t rounds = ((hi - lo + 31) / 32 + kMoeWarps - 1) / kMoeWarps;
+  const int32_t first = lo + warp * rounds * 32;  // this warp's run: entries [first, first + 32 x rounds)
   int32_t e[kMoeNumberBatch];
   for (int pass = 0; pass < 2; ++pass) {
     for (int32_t u0 = 0; u0 < rounds; u0 += kMoeNumberBatch) {
@@ -290,14 +307,14 @@ __device__ __forceinline__ void number_all_slots(const MoeDispatchParams& p, uin
 #pragma unroll
         for (int b = 0; b < kMoeNumberBatch; ++b) {
           const int32_t i = first + (u0 + b) * 32 + lane;
-          e[b] = u0 + b < rounds && i < entries ? expert_at<IdxT>(p, i) : -1;
+          e[b] = u0 + b < rounds && i < hi ? expert_at<IdxT>(p, i) : -1;
         }
       }
 #pragma unroll
       for (int b = 0; b < kMoeNumberBatch; ++b) {
         // Only rounds with entries (the same on every lane): a decode's warp has one or two, and
-        // matching all eight cost the DeepSeek-like decode dispatch about 0.5 us.
-        if (u0 + b >= rounds || first + (u0 + b) * 32 >= entries) continue;
+        // matching all eight cost the DeepSeek-like decode dispatch 0.5 us.
+        if (u0 + b >= rounds || first + (u0 + b) * 32 >= hi) continue;
         const uint32_t same = __match_any_sync(~0u, e[b]);
         const int leader = __ffs(same) - 1;
         int32_t before = 0;
@@ -306,23 +323,52 @@ __device__ __forceinline__ void number_all_slots(const MoeDispatchParams& p, uin
           tally[warp][e[b]] = static_cast<uint16_t>(before + __popc(same));
         }
         before = __shfl_sync(~0u, before, leader);
-        if (pass == 1 && e[b] >= 0) p.pos[first + (u0 + b) * 32 + lane] = before + __popc(same & ((1u << lane) - 1u));
+        if (pass == 1 && e[b] >= 0) {
+          p.pos[first + (u0 + b) * 32 + lane] = s.number.start[e[b]] + before + __popc(same & ((1u << lane) - 1u));
+        }
         __syncwarp();  // tally[warp] is read by the next round's leaders
       }
     }
     __syncthreads();
     if (pass == 0) {
-      for (int32_t e = threadIdx.x; e < E; e += blockDim.x) {
+      for (int32_t x = threadIdx.x; x < E; x += blockDim.x) {
         int32_t all = 0;
         for (int w = 0; w < kMoeWarps; ++w) {
-          const int32_t mine = tally[w][e];
-          tally[w][e] = static_cast<uint16_t>(all);
+          const int32_t mine = tally[w][x];
+          tally[w][x] = static_cast<uint16_t>(all);
           all += mine;
         }
-        const uint64_t at = c.workspace + plan.count_offset(c.transport.local_rank, e);
-        for (int32_t d = 0; d < plan.world; ++d) *reinterpret_cast<int32_t*>(c.transport.heaps[d] + at) = all;
+        s.number.start[x] = all;
       }
       __syncthreads();
+      if (!totals(s.number.start)) return false;  // ends with a __syncthreads
+    }
+  }
+  return true;
+}
+
+// All threads of a CTA, numbering by chunks: for every expert e, the sum of chunk_counts[e][b] over
+// the CTAs b < upto, passed to fn(e, sum) on one lane. A warp takes kExperts experts at once and its
+// lanes the CTAs, so that each lane has their loads in flight together (an expert at a time waited a
+// round trip each: 16 of them a warp with 256 experts).
+template <class Fn>
+__device__ __forceinline__ void sum_chunk_counts(const MoeDispatchParams& p, int32_t upto, Fn fn) {
+  constexpr int kExperts = 8;
+  const int32_t E = p.c.plan.experts;
+  const int64_t ctas = gridDim.x;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int32_t e0 = warp * kExperts; e0 < E; e0 += kMoeWarps * kExperts) {
+    int32_t sum[kExperts] = {};
+    for (int32_t b = lane; b < upto; b += 32) {
+#pragma unroll
+      for (int u = 0; u < kExperts; ++u) {
+        if (e0 + u < E) sum[u] += p.chunk_counts[(e0 + u) * ctas + b];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kExperts; ++u) {
+      const int32_t all = __reduce_add_sync(~0u, sum[u]);
+      if (lane == 0 && e0 + u < E) fn(e0 + u, all);
     }
   }
 }

@@ -55,7 +55,7 @@ void moe_dispatch_gemm(Group& group, MoeHandle& handle, const TensorView& x, con
   const char* op = "moe_dispatch_gemm";
   OpCall call(group, OpId::kMoeDispatch, stream);
   const MoePlan& plan = handle.plan();
-  const MoeDispatchScratch at = moe_dispatch_scratch(plan, /*lists=*/true);
+  const MoeDispatchScratch at = moe_dispatch_scratch(plan, /*ctas=*/0, /*lists=*/true);
   const TensorView expert_x = handle.expert_x(), rows = handle.expert_rows();
   GroupedGemmProblem p;
   GroupedOrder::Params order;

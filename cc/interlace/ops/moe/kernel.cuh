@@ -15,7 +15,8 @@
 //      experts: this rank's run (first row, kept rows) at the expert's rank, and for local experts
 //      their start and kept rows (the grouped GEMM's M); drops are summed. Grid barrier. CTA 0
 //      reports a drop to the host (HostControl::overflowed) and in the plan's overflow words;
-//   2. a warp per token (top-k <= 32 and more tokens than CTAs; else a CTA per token): its kept
+//   2. each CTA its chunk of the tokens (a run of about tokens / G), a warp per token (top-k <= 32
+//      and more tokens than CTAs; else a CTA per token): its kept
 //      slots' rows and primaries (MoePlan::primary_of: on another rank the kept slot of the
 //      lowest-numbered expert there, here every kept slot); every kept slot's MoeSlot to its
 //      destination, then the token's row into every primary, each vector loaded once. The last
@@ -23,10 +24,12 @@
 //   3. with every source's rows here, warps fill each secondary slot's row from its primary (a
 //      local copy: another rank's token crossed NVLink once). With one rank there are no
 //      secondaries: the kernel ends after 2, without the arrival.
-// The small layout (at most kMoeSmallEntries top-k entries here, kMoeSmallExperts experts): the same
-// phases without a grid barrier. In 0, CTA 0 numbers every expert's slots (number_all_slots) and
-// raises counts_flag(me) itself; in 1, every CTA lays out every expert for itself, into shared
-// memory (CTA 0 alone also records the drops and the local experts' rows).
+// The small layout (at most kMoeSmallExperts experts): in 1, every CTA lays out every expert for
+// itself, into shared memory (CTA 0 alone also records the drops and the local experts' rows), with
+// no grid barrier. In 0, up to kMoeOneCtaEntries top-k entries here (a decode), CTA 0 numbers every
+// slot (number_slots_in) and raises counts_flag(me) itself: no grid barrier at all; past that each
+// CTA numbers its own chunk's slots, from where the chunks before it leave off (one grid barrier:
+// the last CTA to count its chunk sums the counts and raises counts_flag(me)).
 // moe_combine, per call:
 //   0. warp per kept receive row: the expert's output row to its home rank's combine buffer, row
 //      token x k + j. The last CTA raises combined_flag(e) on every rank for its experts;
@@ -58,7 +61,13 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_dispatch_kernel(const __gr
   __shared__ int32_t warp_row[kMoeWarps][32], warp_expert[kMoeWarps][32];
   __shared__ MoeSmallShared small_shared;
   int32_t(&small_runs)[2][kMoeSmallExperts] = small_shared.runs;
-  const bool small = c.tokens * plan.topk <= kMoeSmallEntries && plan.experts <= kMoeSmallExperts;
+  // This CTA's chunk of the tokens, [lo, hi): numbered here when numbering by chunks, sent in phase 2.
+  const int32_t per_cta = (c.tokens + static_cast<int32_t>(gridDim.x) - 1) / static_cast<int32_t>(gridDim.x);
+  const int32_t lo = min(c.tokens, static_cast<int32_t>(blockIdx.x) * per_cta), hi = min(c.tokens, lo + per_cta);
+  const int64_t entries = static_cast<int64_t>(c.tokens) * plan.topk;
+  const bool small = plan.experts <= kMoeSmallExperts &&
+                     (entries <= kMoeOneCtaEntries || static_cast<int64_t>(per_cta) * plan.topk <= kMoeChunkEntries);
+  const bool one_cta = small && entries <= kMoeOneCtaEntries;
   if (threadIdx.x == 0) {
     n = op_number(t);
     failed = 0;
@@ -67,11 +76,36 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_dispatch_kernel(const __gr
   __syncthreads();
 
   // 0: counts.
-  if (small) {
+  if (one_cta) {
     if (blockIdx.x == 0) {
-      number_all_slots<IdxT>(p, small_shared.tally);  // its last __syncthreads orders every count before the flag
+      number_slots_in<IdxT>(p, 0, static_cast<int32_t>(entries), small_shared, [&](int32_t* start) {
+        for (int32_t e = threadIdx.x; e < plan.experts; e += blockDim.x) {
+          store_count(c, e, start[e]);
+          start[e] = 0;
+        }
+        __syncthreads();  // every count before the flag
+        return true;
+      });
       raise_everywhere(c, flags, plan.counts_flag(me), 1, n);
     }
+  } else if (small) {
+    // By chunks: each CTA's counts into chunk_counts; the last to arrive sums them into the counts
+    // and raises the flag; each CTA's slots of e start after those of the CTAs before it.
+    const bool numbered = number_slots_in<IdxT>(p, lo * plan.topk, hi * plan.topk, small_shared, [&](int32_t* start) {
+      for (int32_t e = threadIdx.x; e < plan.experts; e += blockDim.x) {
+        p.chunk_counts[static_cast<int64_t>(e) * gridDim.x + blockIdx.x] = start[e];
+      }
+      if (arrive(flags, n, 0)) {
+        sum_chunk_counts(p, gridDim.x, [&](int32_t e, int32_t count) { store_count(c, e, count); });
+        __syncthreads();  // every count before the flag
+        raise_everywhere(c, flags, plan.counts_flag(me), 1, n);
+      }
+      if (!await_all(flags, n, 0, c.wait, &failed)) return false;
+      sum_chunk_counts(p, blockIdx.x, [&](int32_t e, int32_t before) { start[e] = before; });
+      __syncthreads();
+      return true;
+    });
+    if (!numbered) return;
   } else {
     for (int32_t e = blockIdx.x; e < plan.experts; e += gridDim.x) {
       const int32_t count = number_slots<IdxT>(p, e, warp_hits);
@@ -82,8 +116,9 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_dispatch_kernel(const __gr
     if (arrive(flags, n, 0)) raise_everywhere(c, flags, plan.counts_flag(me), 1, n);
   }
 
-  // 1: the layout. Waiting for this rank's own counts flag also waits for phase 0 here (every CTA's,
-  // or CTA 0's numbering of every slot).
+  // 1: the layout. Waiting for this rank's own counts flag also waits for the numbering of the slots
+  // that other CTAs send (every CTA's of its experts', or CTA 0's of all; by chunks, each CTA sends
+  // only the slots it numbered).
   if (!await_flags(c, flags, plan.counts_flag(0), plan.world, n, FlagId::kCounts, [](int32_t s) { return s; },
                    &failed)) {
     return;
@@ -105,15 +140,15 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_dispatch_kernel(const __gr
   // 2: tokens out.
   // A warp per token once there are more tokens than CTAs (Mixtral-like, 4096 tokens: 168 -> 150 us);
   // with fewer (decode, 128 tokens) a CTA per token spreads them wider (77 -> 84 us with warps).
+  // Each CTA its own chunk: numbered by chunks, a slot's number is only sure to be written for the CTA
+  // that numbered it.
   if (plan.topk <= 32 && c.tokens > static_cast<int32_t>(gridDim.x)) {
     const int32_t w = static_cast<int32_t>(threadIdx.x / 32);
-    for (int32_t token = blockIdx.x * kMoeWarps + w; token < c.tokens; token += gridDim.x * kMoeWarps) {
+    for (int32_t token = lo + w; token < hi; token += kMoeWarps) {
       send_token_warp<IdxT>(p, runs, token, warp_row[w], warp_expert[w]);
     }
   } else {
-    for (int32_t token = blockIdx.x; token < c.tokens; token += gridDim.x) {
-      send_token<IdxT>(p, runs, token, row, expert, primary);
-    }
+    for (int32_t token = lo; token < hi; ++token) send_token<IdxT>(p, runs, token, row, expert, primary);
   }
   // With one rank, phase 2 wrote every kept slot here as its own primary: there is no secondary to
   // fill and nothing to wait for, and the kernel's end orders the rows before the stream's next work

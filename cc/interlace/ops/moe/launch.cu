@@ -31,14 +31,15 @@ std::string describe_moe_shape(const MoeShape& s) {
                         kind_name(s.capacity_kind));
 }
 
-MoeDispatchScratch moe_dispatch_scratch(const MoePlan& plan, bool lists) {
+MoeDispatchScratch moe_dispatch_scratch(const MoePlan& plan, int ctas, bool lists) {
   const uint64_t entries_bytes = align_up(static_cast<uint64_t>(plan.combine_rows) * sizeof(int32_t));
   const uint64_t experts_bytes = align_up(static_cast<uint64_t>(plan.experts) * sizeof(int32_t));
   MoeDispatchScratch s;  // pos at 0
   s.run_row = entries_bytes;
   s.run_kept = s.run_row + experts_bytes;
   s.dropped = s.run_kept + experts_bytes;
-  s.bytes = s.dropped + kMoeBufferAlign;
+  s.chunk_counts = s.dropped + kMoeBufferAlign;
+  s.bytes = s.chunk_counts + align_up(static_cast<uint64_t>(plan.experts) * ctas * sizeof(int32_t));
   if (lists) {
     s.slot_start = s.bytes;
     s.slot_list = s.slot_start + experts_bytes;
@@ -72,6 +73,7 @@ MoeDispatchParams moe_dispatch_params(Group& group, const OpCall& call, uint64_t
   p.run_row = reinterpret_cast<int32_t*>(base + at.run_row);
   p.run_kept = reinterpret_cast<int32_t*>(base + at.run_kept);
   p.dropped = reinterpret_cast<int32_t*>(base + at.dropped);
+  p.chunk_counts = reinterpret_cast<int32_t*>(base + at.chunk_counts);
   return p;
 }
 
@@ -149,7 +151,7 @@ void moe_dispatch(Group& group, MoeHandle& handle, const TensorView& x, const Te
                   const TensorView& topk_weights, cudaStream_t stream) {
   OpCall call(group, OpId::kMoeDispatch, stream);
   const int blocks = num_blocks(group);
-  const MoeDispatchScratch at = moe_dispatch_scratch(handle.plan(), /*lists=*/false);
+  const MoeDispatchScratch at = moe_dispatch_scratch(handle.plan(), blocks, /*lists=*/false);
   size_t scratch = 0;
   const uint64_t signature = call.agree([&] {
     check_one_node(group, "moe_dispatch");
