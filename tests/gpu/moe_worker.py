@@ -16,8 +16,8 @@ import interlace
 from interlace.bench.launch import expect_error
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-# moe_dispatch's small layout takes at most 65535 top-k entries a rank and 1024 experts: the grid's
-# layout is reached by more experts than that.
+# moe_dispatch's small layout takes at most 1024 experts (CTA 0 numbers up to 1024 top-k entries a
+# rank, each CTA a chunk of the tokens past that): the grid's layout is reached by more experts.
 EGRID = WORLD * (1024 // WORLD + 1)
 torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 MIB = 1 << 20
@@ -163,7 +163,7 @@ def cases():
     yield Case("mixtral-like: 8 experts, top-2, hidden 4096", 8, 2, 4096, 512, r, seed=24) if 8 % WORLD == 0 else \
         Case("mixtral-like: 2 per rank, top-2, hidden 4096", 2 * WORLD, 2, 4096, 512, r, seed=24)
     # More top-k entries than a warp has lanes: the CTA-per-token send, the sums' entries in two rounds
-    # (1200 entries: the grid's layout).
+    # (1200 entries: numbered by chunks, a token a CTA).
     yield Case("random top-k 40", 48 * WORLD, 40, 320, 30, r, seed=25)
     # moe_dispatch's numbering: up to 1024 top-k entries on a rank CTA 0 numbers them all (its warps
     # runs of the entries, 8 rounds of 32 loaded at once); past that, with at most 1024 experts, each
@@ -180,7 +180,9 @@ def cases():
         Case("random, 1100 tokens top-8", 64 * WORLD, 8, 64, 1100, r, seed=32)
     yield Case("top-32, 64 tokens on even ranks, 2100 on odd ones (chunks of 16 tokens)", 64 * WORLD, 32, 64,
                [64 if s % 2 == 0 else 2100 for s in range(WORLD)], r, seed=30)
-    yield Case("random, 4097 tokens top-2 (chunks of 32 tokens, the last CTA's of 1)", E8, 2, 64, 4097, r, seed=34)
+    yield Case("random, 4097 tokens top-2 (a chunk of one token on 132 SMs)", E8, 2, 64, 4097, r, seed=34)
+    yield Case("top-32, 16 tokens on even ranks (CTA 0 numbers), 2100 on odd ones (by chunks)", 64 * WORLD, 32, 64,
+               [16 if s % 2 == 0 else 2100 for s in range(WORLD)], r, seed=35)
     yield Case("random, 1100 tokens top-2 of more than 1024 experts (the grid's layout)", EGRID, 2, 256, 1100, r,
                seed=26)
     yield Case("random, 64 tokens top-2 of more than 1024 experts (the grid's layout, a CTA per token)", EGRID, 2,
@@ -307,8 +309,10 @@ def scenario_overflow():
     """A capacity below what the routing needs: kept slots are right, dropped ones add nothing, and
     group.check() raises once, naming moe_dispatch; the group stays usable."""
     group = interlace.init(heap_bytes=512 * MIB)
-    # moe_dispatch's two layouts: the small one, the grid's (more than 1024 experts).
-    for kind, (experts, tokens) in itertools.product(("per_expert", "per_rank"), ((4 * WORLD, 96), (EGRID, 600))):
+    # moe_dispatch's numberings: CTA 0's, by chunks (more than 1024 entries), the grid's layout (more
+    # than 1024 experts).
+    for kind, (experts, tokens) in itertools.product(("per_expert", "per_rank"),
+                                                     ((4 * WORLD, 96), (4 * WORLD, 600), (EGRID, 600))):
         case = Case(f"overflow {kind}, {experts} experts, {tokens} tokens", experts, 2, 256, tokens, route_zipf,
                     capacity=lambda need: max(need // 3, 1), kind=kind, seed=40)
         assert case.capacity < case.needed_capacity()
@@ -331,7 +335,7 @@ def scenario_streams():
     dispatches, then both combines, issued back to back with no sync in between (the group orders them)."""
     group = interlace.init(heap_bytes=512 * MIB)
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
-    a = Case("stream 1", 4 * WORLD, 2, 256, 64, route_random, seed=50)  # moe_dispatch's small layout
+    a = Case("stream 1", 4 * WORLD, 2, 256, 600, route_random, seed=50)  # moe_dispatch by chunks
     b = Case("stream 2", EGRID, 2, 256, 600, route_zipf, seed=51)  # its grid layout
     ha = hb = None
     for _ in range(3):
@@ -391,12 +395,13 @@ def captured(layer, stream):
 
 def scenario_graph():
     """Dispatch, an expert map and combine captured in one CUDA graph, replayed with new routing; at
-    64 tokens of 4 experts a rank (moe_dispatch's small layout) and 600 of more than 1024 experts (its
-    grid layout)."""
+    64 tokens of 4 experts a rank (moe_dispatch's small layout, CTA 0 numbering), 600 (numbered by
+    chunks) and 600 of more than 1024 experts (its grid layout)."""
     group = interlace.init(heap_bytes=512 * MIB)
-    for T, E, kind in ((64, 4 * WORLD, "per_expert"), (600, EGRID, "per_rank")):  # per_rank: W x T x k rows
+    for T, E, kind in ((64, 4 * WORLD, "per_expert"), (600, 4 * WORLD, "per_expert"),
+                       (600, EGRID, "per_rank")):  # per_rank: W x T x k rows
         graph_replays(group, T, E, kind)
-    print(f"rank {RANK}: 2 x 20 graph replays correct")
+    print(f"rank {RANK}: 3 x 20 graph replays correct")
 
 
 def graph_replays(group, T, E, kind):

@@ -16,9 +16,9 @@ MoeCommonParams moe_common_params(Group& group, const OpCall& call, uint64_t sig
                                   int64_t tokens);
 
 // A dispatch call's scratch in the group's heap, byte offsets: pos [max_tokens x k] at 0, run_row and
-// run_kept [E], two drop counters; for a grid of ctas CTAs (moe_dispatch's), chunk_counts
-// [E][ctas]; with lists (moe_dispatch_gemm's), slot_start [E], slot_list [max_tokens x k] and the
-// copiers' chunk counters [2][E]; bytes in all.
+// run_kept [E], two drop counters; for a grid of ctas CTAs that numbers by chunks (moe_dispatch's),
+// chunk_counts [E][ctas] (offset 0 where ctas is 0: none); with lists (moe_dispatch_gemm's),
+// slot_start [E], slot_list [max_tokens x k] and the copiers' chunk counters [2][E]; bytes in all.
 struct MoeDispatchScratch {
   uint64_t run_row = 0, run_kept = 0, dropped = 0, chunk_counts = 0, slot_start = 0, slot_list = 0, chunks = 0,
            bytes = 0;

@@ -24,7 +24,8 @@
 //   3. with every source's rows here, warps fill each secondary slot's row from its primary (a
 //      local copy: another rank's token crossed NVLink once). With one rank there are no
 //      secondaries: the kernel ends after 2, without the arrival.
-// The small layout (at most kMoeSmallExperts experts): in 1, every CTA lays out every expert for
+// The small layout (at most kMoeSmallExperts experts, and chunks of at most kMoeChunkEntries top-k
+// entries: below that only past some 8.6 million entries on 132 SMs): in 1, every CTA lays out every expert for
 // itself, into shared memory (CTA 0 alone also records the drops and the local experts' rows), with
 // no grid barrier. In 0, up to kMoeOneCtaEntries top-k entries here (a decode), CTA 0 numbers every
 // slot (number_slots_in) and raises counts_flag(me) itself: no grid barrier at all; past that each
@@ -62,6 +63,7 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_dispatch_kernel(const __gr
   __shared__ MoeSmallShared small_shared;
   int32_t(&small_runs)[2][kMoeSmallExperts] = small_shared.runs;
   // This CTA's chunk of the tokens, [lo, hi): numbered here when numbering by chunks, sent in phase 2.
+  // (int32: T x k rows fit the handle, so T is far below 2^31 - CTAs; int64 kept per_cta live, 9 more registers.)
   const int32_t per_cta = (c.tokens + static_cast<int32_t>(gridDim.x) - 1) / static_cast<int32_t>(gridDim.x);
   const int32_t lo = min(c.tokens, static_cast<int32_t>(blockIdx.x) * per_cta), hi = min(c.tokens, lo + per_cta);
   const int64_t entries = static_cast<int64_t>(c.tokens) * plan.topk;
@@ -101,7 +103,9 @@ __global__ void __launch_bounds__(kMoeThreads, 1) moe_dispatch_kernel(const __gr
         raise_everywhere(c, flags, plan.counts_flag(me), 1, n);
       }
       if (!await_all(flags, n, 0, c.wait, &failed)) return false;
-      sum_chunk_counts(p, blockIdx.x, [&](int32_t e, int32_t before) { start[e] = before; });
+      if (lo < hi) {  // the same on every thread; an empty chunk numbers nothing
+        sum_chunk_counts(p, blockIdx.x, [&](int32_t e, int32_t before) { start[e] = before; });
+      }
       __syncthreads();
       return true;
     });

@@ -38,8 +38,11 @@ MoeDispatchScratch moe_dispatch_scratch(const MoePlan& plan, int ctas, bool list
   s.run_row = entries_bytes;
   s.run_kept = s.run_row + experts_bytes;
   s.dropped = s.run_kept + experts_bytes;
-  s.chunk_counts = s.dropped + kMoeBufferAlign;
-  s.bytes = s.chunk_counts + align_up(static_cast<uint64_t>(plan.experts) * ctas * sizeof(int32_t));
+  s.bytes = s.dropped + kMoeBufferAlign;
+  if (ctas > 0) {
+    s.chunk_counts = s.bytes;
+    s.bytes += align_up(static_cast<uint64_t>(plan.experts) * ctas * sizeof(int32_t));
+  }
   if (lists) {
     s.slot_start = s.bytes;
     s.slot_list = s.slot_start + experts_bytes;
@@ -73,7 +76,7 @@ MoeDispatchParams moe_dispatch_params(Group& group, const OpCall& call, uint64_t
   p.run_row = reinterpret_cast<int32_t*>(base + at.run_row);
   p.run_kept = reinterpret_cast<int32_t*>(base + at.run_kept);
   p.dropped = reinterpret_cast<int32_t*>(base + at.dropped);
-  p.chunk_counts = reinterpret_cast<int32_t*>(base + at.chunk_counts);
+  p.chunk_counts = at.chunk_counts != 0 ? reinterpret_cast<int32_t*>(base + at.chunk_counts) : nullptr;
   return p;
 }
 
@@ -151,7 +154,9 @@ void moe_dispatch(Group& group, MoeHandle& handle, const TensorView& x, const Te
                   const TensorView& topk_weights, cudaStream_t stream) {
   OpCall call(group, OpId::kMoeDispatch, stream);
   const int blocks = num_blocks(group);
-  const MoeDispatchScratch at = moe_dispatch_scratch(handle.plan(), blocks, /*lists=*/false);
+  // chunk_counts only where moe_dispatch numbers by chunks (the small layout's experts).
+  const int chunk_ctas = handle.plan().experts <= kMoeSmallExperts ? blocks : 0;
+  const MoeDispatchScratch at = moe_dispatch_scratch(handle.plan(), chunk_ctas, /*lists=*/false);
   size_t scratch = 0;
   const uint64_t signature = call.agree([&] {
     check_one_node(group, "moe_dispatch");
