@@ -81,9 +81,10 @@ class Case:
         return row_of, counts, starts, kept
 
     def expert_fn(self, rows_x, e):
-        """The stand-in expert e: an affine map in fp32, rounded to bf16 (any per-expert function would do)."""
-        scale = 1.0 + 0.125 * (e % 7)
-        shift = 0.0625 * (e % 5) - 0.125
+        """The stand-in experts: row i through expert e[i], an affine map in fp32 rounded to bf16 (any
+        per-expert function would do); e is a tensor of experts, one per row."""
+        scale = (1.0 + 0.125 * (e % 7)).float().unsqueeze(1)  # exact in fp32
+        shift = (0.0625 * (e % 5) - 0.125).float().unsqueeze(1)
         return (rows_x.float() * scale + shift).to(torch.bfloat16)
 
 
@@ -181,6 +182,10 @@ def cases():
     yield Case("top-32, 64 tokens on even ranks, 2100 on odd ones (chunks of 16 tokens)", 64 * WORLD, 32, 64,
                [64 if s % 2 == 0 else 2100 for s in range(WORLD)], r, seed=30)
     yield Case("random, 4097 tokens top-2 (a chunk of one token on 132 SMs)", E8, 2, 64, 4097, r, seed=34)
+    # Chunks of about 4250 entries on 132 SMs: more than 8 rounds of 32 on a warp (16 a CTA in moe_dispatch,
+    # 12 in moe_dispatch_gemm), which number_slots_in then reads twice.
+    yield Case("random, 70000 tokens top-8, hidden 8 (a warp's entries read twice)", 64 * WORLD, 8, 8, 70000, r,
+               seed=36)
     yield Case("top-32, 16 tokens on even ranks (CTA 0 numbers), 2100 on odd ones (by chunks)", 64 * WORLD, 32, 64,
                [16 if s % 2 == 0 else 2100 for s in range(WORLD)], r, seed=35)
     yield Case("random, 1100 tokens top-2 of more than 1024 experts (the grid's layout)", EGRID, 2, 256, 1100, r,
@@ -225,27 +230,33 @@ def check_dispatch(case, handle, expert_x, row_of, counts, starts, kept, direct=
     expert_out = torch.full_like(ex, float("nan"))
     L = case.local
     for s in range(WORLD):
-        for t, j in (row_of[s] >= 0).nonzero().tolist():
-            e = int(case.idx[s][t, j])
-            if e // L != RANK:
-                continue
-            r = int(row_of[s][t, j])
-            if not torch.equal(ex[r], case.x[s][t]):
-                fail(case, f"expert_x row {r} (source {s}, token {t}, expert {e}) differs from the token")
-            got = slots[r].tolist()
-            if got[0] != t or got[1] != s | j << 16:
-                fail(case, f"slot {r}: {got} names another slot (want token {t}, rank {s}, top-k {j})")
-            w_bits = torch.tensor([float(case.weights[s][t, j])], dtype=torch.float32).view(torch.int32).item()
-            if got[3] != w_bits:
-                fail(case, f"slot {r}: weight bits {got[3]} != {w_bits}")
-            # The primary: the kept slot of the token's lowest-numbered expert on this rank; in
-            # moe_dispatch (direct) the slot itself for this rank's own tokens (written straight from x).
-            here = [(int(case.idx[s][t, q]), int(row_of[s][t, q])) for q in range(case.topk)
-                    if int(case.idx[s][t, q]) >= 0 and int(case.idx[s][t, q]) // L == RANK and row_of[s][t, q] >= 0]
-            want = r if direct and s == RANK else min(here)[1]
-            if got[2] != want:
-                fail(case, f"slot {r}: primary row {got[2]} != {want}")
-            expert_out[r] = case.expert_fn(ex[r:r + 1], e)[0]
+        # Every kept slot of source s at this rank's experts, (t, j) in token order.
+        idx = case.idx[s].long()
+        here = (row_of[s] >= 0) & (idx // L == RANK)
+        t, j = here.nonzero(as_tuple=True)
+        r, e = row_of[s][t, j], idx[t, j]
+
+        def first_bad(ok):
+            i = int((~ok).nonzero()[0])
+            return f"row {int(r[i])} (source {s}, token {int(t[i])}, top-k {int(j[i])}, expert {int(e[i])})"
+
+        ok = (ex[r] == case.x[s][t]).all(dim=1)
+        if not ok.all():
+            fail(case, f"expert_x {first_bad(ok)} differs from the token")
+        got = slots[r]
+        ok = (got[:, 0] == t) & (got[:, 1] == s | j << 16)
+        if not ok.all():
+            fail(case, f"the slot of {first_bad(ok)} names another slot: {got[int((~ok).nonzero()[0])].tolist()}")
+        ok = got[:, 3] == case.weights[s][t, j].float().view(torch.int32)
+        if not ok.all():
+            fail(case, f"the slot of {first_bad(ok)} holds other weight bits")
+        # The primary: the kept slot of the token's lowest-numbered expert on this rank; in
+        # moe_dispatch (direct) the slot itself for this rank's own tokens (written straight from x).
+        want = r if direct and s == RANK else torch.where(here, row_of[s], torch.iinfo(torch.int64).max).amin(1)[t]
+        ok = got[:, 2] == want
+        if not ok.all():
+            fail(case, f"the slot of {first_bad(ok)} names primary row {int(got[int((~ok).nonzero()[0]), 2])}")
+        expert_out[r] = case.expert_fn(ex[r], e)
     return expert_out.cuda()
 
 
@@ -286,12 +297,9 @@ def combine_reference(case, row_of):
     T = case.tokens[RANK]
     acc = torch.zeros(T, case.hidden, dtype=torch.float32)
     for j in range(case.topk):
-        for t in range(T):
-            if row_of[RANK][t, j] < 0:
-                continue
-            e = int(case.idx[RANK][t, j])
-            y = case.expert_fn(case.x[RANK][t:t + 1], e)[0].float()
-            acc[t] = acc[t] + case.weights[RANK][t, j] * y
+        t = (row_of[RANK][:, j] >= 0).nonzero(as_tuple=True)[0]
+        y = case.expert_fn(case.x[RANK][t], case.idx[RANK][t, j].long()).float()
+        acc[t] = acc[t] + case.weights[RANK][t, j].unsqueeze(1) * y
     return acc.to(torch.bfloat16)
 
 
