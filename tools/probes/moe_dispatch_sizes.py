@@ -11,28 +11,21 @@ import os
 import sys
 
 import torch
-import torch.distributed as dist
 
 import interlace
-from interlace.bench import common, launch
-from interlace.bench.moe import CONFIGS, expert_rows_of
-from interlace.bench.moe_baseline import Baseline, routing
+from interlace.bench import common
+from interlace.bench.moe import CALLS_PER_GRAPH, CONFIGS, expert_rows_of
+from interlace.bench.moe_baseline import Baseline
+
+from moe_probe import exit_with_ranks, no_drop_inputs  # tools/probes/, beside this file
 
 TOKENS = (128, 256, 512, 1024, 4096)
-CALLS_PER_GRAPH = 8
 
 
 def probe(group, name, tokens, rank, world):
-    _, hidden, experts, topk = CONFIGS[name]
-    g = torch.Generator(device="cuda").manual_seed(7 + rank)
-    x = torch.randn(tokens, hidden, generator=g, device="cuda").to(torch.bfloat16)
-    idx, weights = routing(rank, tokens, experts, topk, seed=len(name))
-    counts = torch.bincount(idx.view(-1).long(), minlength=experts)
-    dist.all_reduce(counts)
-    capacity = int(counts.max())  # nothing dropped, as in the moe bench
-    handle = interlace.MoeHandle(group, num_experts=experts, topk=topk, hidden=hidden, max_tokens=tokens,
-                                 capacity=capacity)
-    base = Baseline(idx, weights, experts, world, capacity)
+    x, idx, weights, handle = no_drop_inputs(group, name, rank, tokens)
+    _, _, experts, topk = CONFIGS[name]
+    base = Baseline(idx, weights, experts, world, handle.capacity)
     expert_x = torch.from_dlpack(interlace.moe_dispatch(x, idx, weights, group, handle=handle)[0])
     want = base.dispatch(x)
     torch.cuda.synchronize()
@@ -56,12 +49,7 @@ def main(args):
             tokens = tuple(int(t) for t in args[1].split(","))
         args = args[2:]
     if "RANK" not in os.environ:  # the launcher: one process per rank, each running main again
-        flags = ["--tokens", ",".join(map(str, tokens))]
-        results = launch.run_ranks([os.path.abspath(__file__), *flags, *args], world, timeout_s=600)
-        for rank, (rc, out) in enumerate(results):
-            if rank == 0 or rc != 0:
-                print(f"----- rank {rank} (exit {rc}) -----\n{out}")
-        sys.exit(max(rc for rc, _ in results))
+        exit_with_ranks(__file__, ["--tokens", ",".join(map(str, tokens)), *args], world)
     rank, world = common.init_rank()
     group = interlace.init(heap_bytes=8 << 30, timeout_s=10)
     for name in args or ["deepseek", "mixtral"]:

@@ -9,12 +9,12 @@ import os
 import sys
 
 import torch
-import torch.distributed as dist
 
 import interlace
-from interlace.bench import common, launch
+from interlace.bench import common
 from interlace.bench.moe import CONFIGS, FFN
-from interlace.bench.moe_baseline import routing
+
+from moe_probe import exit_with_ranks, no_drop_inputs  # tools/probes/, beside this file
 
 COPY_CTAS = (4, 8, 16, 24)
 TILINGS = {"auto": {}, "swap": {"swap": True}, "noswap": {"swap": False}}
@@ -23,14 +23,9 @@ TILINGS = {"auto": {}, "swap": {"swap": True}, "noswap": {"swap": False}}
 def probe(group, name, rank, world):
     tokens, hidden, experts, topk = CONFIGS[name]
     local, n = experts // world, 2 * FFN[name]
-    g = torch.Generator(device="cuda").manual_seed(7 + rank)
-    x = torch.randn(tokens, hidden, generator=g, device="cuda").to(torch.bfloat16)
-    idx, weights = routing(rank, tokens, experts, topk, seed=len(name))
-    counts = torch.bincount(idx.view(-1).long(), minlength=experts)
-    dist.all_reduce(counts)
-    capacity = int(counts.max())  # nothing dropped, as in the moe bench
-    handle = interlace.MoeHandle(group, num_experts=experts, topk=topk, hidden=hidden, max_tokens=tokens,
-                                 capacity=capacity)
+    x, idx, weights, handle = no_drop_inputs(group, name, rank)
+    capacity = handle.capacity
+    g = torch.Generator(device="cuda").manual_seed(1007 + rank)
     w = (torch.randn(local, n, hidden, generator=g, device="cuda") / hidden ** 0.5).to(torch.bfloat16)
     b = w.transpose(1, 2)
     out = torch.empty(handle.recv_rows, n, device="cuda", dtype=torch.bfloat16)
@@ -67,11 +62,7 @@ def main(args):
     if args[:1] == ["--world_size"]:
         world, args = int(args[1]), args[2:]
     if "RANK" not in os.environ:  # the launcher: one process per rank, each running main again
-        results = launch.run_ranks([os.path.abspath(__file__), *args], world, timeout_s=600)
-        for rank, (rc, out) in enumerate(results):
-            if rank == 0 or rc != 0:
-                print(f"----- rank {rank} (exit {rc}) -----\n{out}")
-        sys.exit(max(rc for rc, _ in results))
+        exit_with_ranks(__file__, args, world)
     rank, world = common.init_rank()
     group = interlace.init(heap_bytes=8 << 30, timeout_s=10)
     for name in args or ["deepseek", "mixtral"]:
