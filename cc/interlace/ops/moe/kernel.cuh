@@ -25,12 +25,13 @@
 //      local copy: another rank's token crossed NVLink once). With one rank there are no
 //      secondaries: the kernel ends after 2, without the arrival.
 // The small layout (at most kMoeSmallExperts experts, and chunks of at most kMoeChunkEntries top-k
-// entries: below that only past some 8.6 million entries on 132 SMs): in 1, every CTA lays out every expert for
-// itself, into shared memory (CTA 0 alone also records the drops and the local experts' rows), with
-// no grid barrier. In 0, up to kMoeOneCtaEntries top-k entries here (a decode), CTA 0 numbers every
-// slot (number_slots_in) and raises counts_flag(me) itself: no grid barrier at all; past that each
-// CTA numbers its own chunk's slots, from where the chunks before it leave off (one grid barrier:
-// the last CTA to count its chunk sums the counts and raises counts_flag(me)).
+// entries: a chunk is larger only past about 8.6 million entries on 132 SMs): in 1, every CTA lays
+// out every expert for itself, into shared memory (CTA 0 alone also records the drops and the local
+// experts' rows), with no grid barrier. In 0, up to kMoeOneCtaEntries top-k entries here (a
+// decode), CTA 0 numbers every slot (number_slots_in) and raises counts_flag(me) itself: no grid
+// barrier at all; past that each CTA numbers its own chunk's slots, from where the chunks before it
+// leave off (one grid barrier: the last CTA to count its chunk sums the counts and raises
+// counts_flag(me)).
 // moe_combine, per call:
 //   0. warp per kept receive row: the expert's output row to its home rank's combine buffer, row
 //      token x k + j. The last CTA raises combined_flag(e) on every rank for its experts;
